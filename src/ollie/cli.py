@@ -1,0 +1,70 @@
+"""The ``ollie`` command line: argument parsing and dispatch to the subcommands.
+
+Only the CLI reads flags or the environment; the library takes explicit configuration.
+Errors derived from `ollie.errors.OllieError` become a one-line message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from ollie.errors import OllieError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+_SUBCOMMANDS: dict[str, str] = {
+    "demo": "run a small end-to-end demonstration",
+    "derive": "derive optimized candidates for one expression file",
+    "optimize": "optimize a model (path/to/model.onnx or zoo:NAME)",
+    "run": "run a saved optimized program on random inputs and report its time",
+    "bench": "run benchmarks",
+    "zoo": "list the built-in evaluation models",
+}
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Run `ollie.demo.main()` (imported lazily: it pulls in the whole pipeline)."""
+    from ollie import demo
+
+    result = demo.main()
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _not_implemented(args: argparse.Namespace) -> int:
+    print(f"ollie {args.command}: not implemented yet", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"demo": _cmd_demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``ollie`` command."""
+    parser = argparse.ArgumentParser(
+        prog="ollie", description="Ollie: a derivation-based tensor program optimizer."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in _SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text, description=help_text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ollie`` command; returns the process exit status."""
+    parser = build_parser()
+    # Unimplemented subcommands accept (and ignore) the arguments they will take later.
+    args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+    handler = _HANDLERS.get(args.command)
+    if handler is None:
+        return _not_implemented(args)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return handler(args)
+    except OllieError as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"ollie: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,31 @@
+"""Error classes of Ollie: every error raised on purpose derives from `OllieError`."""
+
+from __future__ import annotations
+
+
+class OllieError(Exception):
+    """Base class of every error Ollie raises on purpose."""
+
+
+class ParseError(OllieError):
+    """Malformed expression text; the message starts with ``line:col:``."""
+
+    def __init__(self, message: str, line: int, col: int, source: str | None = None) -> None:
+        self.line = line
+        self.col = col
+        self.source = source
+        where = f"{source}:" if source else ""
+        super().__init__(f"{where}{line}:{col}: {message}")
+        self.message = message
+
+
+class ExprError(OllieError):
+    """A structurally invalid expression (unbound iterator, rank mismatch, empty range, ...)."""
+
+
+class ShapeError(OllieError):
+    """Inputs whose names or shapes do not match what an expression or operator declares."""
+
+
+class UnsupportedError(OllieError):
+    """An operator, attribute combination or construct Ollie does not support."""

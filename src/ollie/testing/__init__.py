@@ -1,0 +1,1 @@
+"""Helpers for tests: hypothesis strategies generating well-formed expressions."""

@@ -1,0 +1,98 @@
+"""Hypothesis strategies for random well-formed index expressions and expressions.
+
+Used by the property tests of the IR, the interpreter, the rules and the fingerprint. The
+generated expressions are small (so a brute-force evaluator stays fast), exercise zero padding
+(indices that leave the tensor), negative range starts, div/mod indices and nested scopes, and
+avoid functions that overflow or produce NaN on random data.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from ollie.ir import (
+    Access,
+    Affine,
+    BinOp,
+    Call,
+    Const,
+    Expr,
+    Iter,
+    Node,
+    Scope,
+    const,
+    neg,
+    var,
+)
+
+ITER_NAMES = ("i", "j", "k", "l", "m", "p", "q", "u")
+
+
+@st.composite
+def index_exprs(draw, names: tuple[str, ...], max_div: int = 3, allow_divmod: bool = True
+                ) -> Affine:
+    """A random affine index over ``names`` with small coefficients and maybe a div/mod."""
+    e = const(draw(st.integers(-2, 2)))
+    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True)):
+        e = e + var(name) * draw(st.sampled_from([1, 1, 1, 2, -1]))
+    if allow_divmod and draw(st.integers(0, 4)) == 0:
+        k = draw(st.integers(2, max_div))
+        e = e // k if draw(st.booleans()) else e % k
+    return e
+
+
+@st.composite
+def iters(draw, n_min: int, n_max: int, taken: set[str]) -> tuple[Iter, ...]:
+    n = draw(st.integers(n_min, n_max))
+    out = []
+    for _ in range(n):
+        name = draw(st.sampled_from([x for x in ITER_NAMES if x not in taken]))
+        taken.add(name)
+        lo = draw(st.integers(-2, 1))
+        out.append(Iter(name, lo, lo + draw(st.integers(1, 4))))
+    return tuple(out)
+
+
+@st.composite
+def scopes(draw, decls: dict[str, tuple[int, ...]], depth: int = 1, max_sum: int = 2) -> Scope:
+    """A random closed scope reading the tensors of ``decls`` (and maybe a nested scope)."""
+    taken: set[str] = set()
+    trav = draw(iters(1, 3, taken))
+    summ = draw(iters(0, max_sum, taken))
+    names = tuple(it.name for it in trav + summ)
+
+    def read() -> st.SearchStrategy[Node]:
+        @st.composite
+        def _read(d):
+            if depth > 0 and d(st.integers(0, 5)) == 0:
+                inner = d(scopes(decls, depth - 1, max_sum=1))
+                idx = tuple(d(index_exprs(names)) for _ in inner.traversal)
+                return Access(inner, idx)
+            t = d(st.sampled_from(sorted(decls)))
+            return Access(t, tuple(d(index_exprs(names)) for _ in decls[t]))
+        return _read()
+
+    leaves = st.one_of(read(), read(), st.sampled_from([0.5, 2.0, 3.0]).map(Const))
+    body = draw(st.recursive(
+        leaves,
+        lambda sub: st.one_of(
+            st.tuples(st.sampled_from("+-*"), sub, sub).map(lambda t: BinOp(*t)),
+            sub.map(neg),
+            st.tuples(st.sampled_from(["relu", "abs", "tanh", "sigmoid"]), sub)
+            .map(lambda t: Call(t[0], (t[1],))),
+            st.tuples(st.sampled_from(["max", "min"]), sub, sub)
+            .map(lambda t: Call(t[0], (t[1], t[2]))),
+        ),
+        max_leaves=4,
+    ))
+    return Scope(trav, summ, body)
+
+
+@st.composite
+def exprs(draw, depth: int = 1, max_sum: int = 2) -> Expr:
+    """A random well-formed :class:`Expr` with 1-2 declared tensors of rank 1-3."""
+    decls: dict[str, tuple[int, ...]] = {}
+    for name in ("A", "B")[: draw(st.integers(1, 2))]:
+        decls[name] = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    root = draw(scopes(decls, depth, max_sum))
+    return Expr(tuple(decls.items()), root)
