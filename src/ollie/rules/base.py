@@ -1,0 +1,128 @@
+"""Rule registry and the plumbing every derivation rule shares.
+
+A rule is a function ``rule(expr) -> list[Derived]`` returning every application of the rule to
+``expr``: one derived expression per application, anywhere in the expression (the root scope
+and every nested scope). Rules never mutate their input (all nodes are immutable anyway).
+Rules are registered once, by their paper name in snake_case, in :data:`RULES`.
+
+Scopes are addressed by a *path*: the root is ``()``; ``path + (i,)`` is the scope read by the
+``i``-th scope access (in print order) of the body of the scope at ``path``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """One application of a rule: the derived expression and what was done."""
+
+    expr: Expr
+    rule: str
+    note: str
+
+
+RuleFn = Callable[[Expr], list[Derived]]
+RULES: dict[str, RuleFn] = {}
+INTRA_RULES: tuple[str, ...] = (
+    "summation_splitting",
+    "variable_substitution",
+    "traversal_merging",
+    "boundary_relaxing",
+    "boundary_tightening",
+)
+
+
+def register(name: str) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule under its paper name."""
+
+    def deco(fn: RuleFn) -> RuleFn:
+        if name in RULES:
+            raise ValueError(f"rule {name!r} registered twice")
+        RULES[name] = fn
+        return fn
+
+    return deco
+
+
+def apply_rule(name: str, expr: Expr) -> list[Derived]:
+    """All applications of rule ``name`` to ``expr``."""
+    return RULES[name](expr)
+
+
+# --------------------------------------------------------------------- scope addressing
+def scope_paths(scope: Scope, path: Path = ()) -> Iterator[tuple[Path, Scope]]:
+    """Every scope reachable from ``scope`` with its path, outermost first."""
+    yield path, scope
+    i = 0
+    for acc in accesses(scope.body):
+        if isinstance(acc.source, Scope):
+            yield from scope_paths(acc.source, (*path, i))
+            i += 1
+
+
+def scope_at(scope: Scope, path: Path) -> Scope:
+    for i in path:
+        scope = [a.source for a in accesses(scope.body) if isinstance(a.source, Scope)][i]
+    return scope
+
+
+def replace_scope(scope: Scope, path: Path, new: Scope) -> Scope:
+    """Return ``scope`` with the sub-scope at ``path`` replaced by ``new``."""
+    if not path:
+        return new
+    target, rest = path[0], path[1:]
+    counter = itertools.count()
+
+    def fn(node: Node) -> Node | None:
+        if (isinstance(node, Access) and isinstance(node.source, Scope)
+                and next(counter) == target):
+            return Access(replace_scope(node.source, rest, new), node.indices)
+        return None
+
+    return Scope(scope.traversal, scope.summation, map_body(scope.body, fn))
+
+
+def parent_reads(root: Scope, path: Path) -> tuple[Scope | None, list[Access]]:
+    """The scope containing the scope at ``path`` and the accesses through which it reads it
+    (exactly one: the addressed access)."""
+    if not path:
+        return None, []
+    parent = scope_at(root, path[:-1])
+    reads = [a for a in accesses(parent.body) if isinstance(a.source, Scope)]
+    return parent, [reads[path[-1]]]
+
+
+def with_root(expr: Expr, root: Scope) -> Expr:
+    return Expr(expr.decls, root)
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base`` or ``base1``, ``base2``, ... whichever is not in ``taken`` (and record it)."""
+    name, i = base, 1
+    while name in taken:
+        name = f"{base}{i}"
+        i += 1
+    taken.add(name)
+    return name
+
+
+def derive_each_scope(expr: Expr, name: str,
+                      fn: Callable[[Scope, Path, Expr], list[tuple[Scope, str]]]
+                      ) -> list[Derived]:
+    """Apply a per-scope rewrite ``fn(scope, path, expr) -> [(new_scope, note)]`` at every
+    scope of ``expr`` and wrap the results as :class:`Derived`."""
+    out: list[Derived] = []
+    for path, scope in list(scope_paths(expr.root)):
+        for new_scope, note in fn(scope, path, expr):
+            root = replace_scope(expr.root, path, new_scope)
+            where = "root" if not path else "scope " + ".".join(map(str, path))
+            out.append(Derived(with_root(expr, root), name, f"{note} at {where}"))
+    return out

@@ -1,0 +1,89 @@
+"""Zero analysis: where a scope body is provably zero, from zero padding and ranges alone.
+
+``nonzero_interval(body, ranges, name, shapes)`` gives the half-open interval of values of
+iterator ``name`` outside which ``body`` is zero for every value of the other iterators.
+A read ``T[..., a*x + rest, ...]`` is zero unless ``0 <= a*x + rest < dim``; products
+intersect their factors' intervals, sums take the hull, ``relu/tanh/abs/sqrt`` keep their
+argument's, and anything not provably zero (``exp``, ``sigmoid``, a division by a tensor read)
+gives the whole range. The analysis is conservative: it may miss zeros, never invents them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ollie.ir import Access, BinOp, Call, Const, Neg, Node, Scope, var
+
+Interval = tuple[int, int]
+ZERO_PRESERVING = ("relu", "tanh", "abs", "sqrt")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def access_extents(acc: Access, shapes: Mapping[str, tuple[int, ...]]) -> list[Interval]:
+    """Half-open index ranges that read non-padding elements, per dimension."""
+    if isinstance(acc.source, Scope):
+        return [it.range for it in acc.source.traversal]
+    return [(0, d) for d in shapes[acc.source]]
+
+
+def read_interval(acc: Access, ranges: Mapping[str, tuple[int, int]], name: str,
+                  shapes: Mapping[str, tuple[int, ...]]) -> Interval:
+    """Values of ``name`` for which ``acc`` can read inside its tensor (hull, half-open)."""
+    lo, hi = ranges[name]
+    others = {k: v for k, v in ranges.items() if k != name}
+    for idx, (dlo, dhi) in zip(acc.indices, access_extents(acc, shapes), strict=True):
+        a = idx.coef(name)
+        rest = idx - var(name) * a if a else idx
+        if name in rest.vars():
+            continue  # used through div/mod: no conclusion
+        rmin, rmax = rest.bounds(others) if rest.vars() else (rest.const, rest.const)
+        if a == 0:
+            if rmax < dlo or rmin > dhi - 1:
+                return (lo, lo)  # always out of bounds
+            continue
+        # dlo <= a*x + rest <= dhi - 1 for some rest
+        tlo, thi = dlo - rmax, dhi - 1 - rmin
+        if a > 0:
+            xlo, xhi = _ceil_div(tlo, a), thi // a
+        else:
+            xlo, xhi = _ceil_div(thi, a), tlo // a
+        lo, hi = max(lo, xlo), min(hi, xhi + 1)
+    return (lo, max(lo, hi))
+
+
+def nonzero_interval(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
+                     shapes: Mapping[str, tuple[int, ...]]) -> Interval:
+    """Hull of the values of ``name`` where ``body`` may be non-zero (half-open)."""
+    full = ranges[name]
+    if isinstance(body, Const):
+        return (full[0], full[0]) if body.value == 0 else full
+    if isinstance(body, Access):
+        return read_interval(body, ranges, name, shapes)
+    if isinstance(body, Neg):
+        return nonzero_interval(body.x, ranges, name, shapes)
+    if isinstance(body, BinOp):
+        a = nonzero_interval(body.lhs, ranges, name, shapes)
+        if body.op == "/":
+            return a if isinstance(body.rhs, Const) else full
+        b = nonzero_interval(body.rhs, ranges, name, shapes)
+        if body.op == "*":
+            lo, hi = max(a[0], b[0]), min(a[1], b[1])
+            return (lo, max(lo, hi))
+        return _hull(a, b)
+    assert isinstance(body, Call)
+    if body.fn in ZERO_PRESERVING:
+        return nonzero_interval(body.args[0], ranges, name, shapes)
+    if body.fn in ("max", "min"):
+        return _hull(*(nonzero_interval(a, ranges, name, shapes) for a in body.args))
+    return full
+
+
+def _hull(a: Interval, b: Interval) -> Interval:
+    if a[0] >= a[1]:
+        return b
+    if b[0] >= b[1]:
+        return a
+    return (min(a[0], b[0]), max(a[1], b[1]))

@@ -1,0 +1,75 @@
+"""A brute-force evaluator: pure Python loops over every point, straight from EXPR_SYNTAX.md.
+
+Far too slow for real sizes; it exists as an independent second reading of the semantics,
+to test the vectorised interpreter (and rules, on tiny expressions) against.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from ollie.ir import Access, BinOp, Call, Const, Expr, Neg, Node, Scope
+
+_FUNCS = {
+    "relu": lambda x: max(x, 0.0), "tanh": math.tanh, "abs": abs,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "exp": math.exp,
+    "log": lambda x: math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan),
+    "sqrt": lambda x: math.sqrt(x) if x >= 0 else math.nan,
+    "max": max, "min": min,
+}
+
+
+def brute_force(expr: Expr, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Evaluate ``expr`` point by point (float64 arithmetic, float32 result)."""
+    tensors = {n: np.asarray(inputs[n], dtype=np.float64) for n, _ in expr.decls}
+    return _scope(expr.root, tensors, {}).astype(np.float32)
+
+
+def _scope(scope: Scope, tensors, cache) -> np.ndarray:
+    key = id(scope)
+    if key in cache:
+        return cache[key][1]
+    out = np.zeros(scope.shape, dtype=np.float64)
+    for point in itertools.product(*(range(it.lo, it.hi) for it in scope.traversal)):
+        env = {it.name: v for it, v in zip(scope.traversal, point, strict=True)}
+        total = 0.0
+        for spoint in itertools.product(*(range(it.lo, it.hi) for it in scope.summation)):
+            env.update({it.name: v for it, v in zip(scope.summation, spoint, strict=True)})
+            total += _eval(scope.body, env, tensors, cache)
+        pos = tuple(v - it.lo for v, it in zip(point, scope.traversal, strict=True))
+        out[pos] = total
+    cache[key] = (scope, out)
+    return out
+
+
+def _eval(node: Node, env, tensors, cache) -> float:
+    if isinstance(node, Const):
+        return node.value
+    if isinstance(node, Access):
+        idx = [int(i.evaluate(env)) for i in node.indices]
+        if isinstance(node.source, Scope):
+            arr = _scope(node.source, tensors, cache)
+            idx = [v - it.lo for v, it in zip(idx, node.source.traversal, strict=True)]
+        else:
+            arr = tensors[node.source]
+        if all(0 <= v < d for v, d in zip(idx, arr.shape, strict=True)):
+            return float(arr[tuple(idx)])
+        return 0.0
+    if isinstance(node, Neg):
+        return -_eval(node.x, env, tensors, cache)
+    if isinstance(node, BinOp):
+        a = _eval(node.lhs, env, tensors, cache)
+        b = _eval(node.rhs, env, tensors, cache)
+        if node.op == "+":
+            return a + b
+        if node.op == "-":
+            return a - b
+        if node.op == "*":
+            return a * b
+        return a / b if b != 0 else (math.copysign(math.inf, a) if a != 0 else math.nan)
+    assert isinstance(node, Call)
+    return _FUNCS[node.fn](*(_eval(a, env, tensors, cache) for a in node.args))
