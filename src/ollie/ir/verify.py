@@ -20,8 +20,8 @@ def verify(expr: Expr) -> Expr:
         if name in seen:
             raise ExprError(f"tensor '{name}' declared twice")
         seen.add(name)
-        if not shape and shape != ():
-            raise ExprError(f"tensor '{name}' has no shape")
+        if not shape:
+            raise ExprError(f"tensor '{name}' has rank 0: declare scalars with shape [1]")
         if any((not isinstance(d, int)) or d <= 0 for d in shape):
             raise ExprError(f"tensor '{name}' has a non-positive dimension in {list(shape)}")
     verify_scope(expr.root, expr.inputs)
