@@ -4,12 +4,13 @@ Public entry points (see API.md): :func:`parse`, :func:`format`, :func:`interpre
 """
 
 from ollie.errors import ExprError, OllieError, ParseError, ShapeError, UnsupportedError
+from ollie.fingerprint import FingerprintSet, canonical_form, fingerprint
 from ollie.ir import Expr, parse
 from ollie.ir import format_expr as format
 from ollie.semantics import interpret
 
 __all__ = [
-    "Expr", "ExprError", "OllieError", "ParseError", "ShapeError", "UnsupportedError",
-    "format", "interpret", "parse",
+    "Expr", "ExprError", "FingerprintSet", "OllieError", "ParseError", "ShapeError",
+    "UnsupportedError", "canonical_form", "fingerprint", "format", "interpret", "parse",
 ]
 __version__ = "0.1.0"

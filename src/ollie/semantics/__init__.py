@@ -1,0 +1,19 @@
+"""The reference interpreter: the one definition of what an expression means.
+
+:func:`interpret` evaluates an expression (fully, or at sampled output positions with ``at=``);
+:mod:`ollie.semantics.check` holds the helpers that compare two expressions on random inputs.
+"""
+
+from ollie.semantics.check import (
+    Comparison,
+    assert_equivalent,
+    compare,
+    random_inputs,
+    sample_positions,
+)
+from ollie.semantics.interpreter import interpret
+
+__all__ = [
+    "Comparison", "assert_equivalent", "compare", "interpret", "random_inputs",
+    "sample_positions",
+]

@@ -1,0 +1,235 @@
+"""The reference interpreter: the one definition of what an expression means.
+
+``interpret(expr, inputs)`` evaluates the root scope. A scope ``L<x...> Sum<y...> body`` computes,
+at every traversal point, the sum over all summation points of ``body``; a read outside a
+tensor's (or a nested scope's) region gives 0. Arithmetic is float64, the result is rounded to
+float32 once at the end.
+
+How (see ``semantics/`` siblings): the body is normalised into a sum of terms (``terms.py``);
+each term's factors are evaluated over only the axes of the iterators they use (``gather.py``
+for reads, element-wise otherwise), then contracted to the output axes (``contract.py``). The
+iteration space is split into boxes so that no intermediate exceeds ``MAX_ELEMENTS`` elements
+(``grid.py``). A nested scope is closed, hence a constant tensor: it is evaluated once per call
+and read by iterator value. In sampled evaluation (``at=``) the traversal iterators take their
+values from the sampled points along one shared axis, and a nested scope is evaluated only at
+the positions those points read when these are few enough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ollie.errors import ExprError, ShapeError
+from ollie.ir.nodes import Access, Expr, Scope, accesses, tensor_names
+from ollie.ir.parser import parse
+from ollie.semantics.contract import contract
+from ollie.semantics.gather import (
+    DenseSource,
+    Source,
+    SparseSource,
+    read,
+    requested_keys,
+)
+from ollie.semantics.grid import MAX_ELEMENTS, Box, Grid, iter_boxes, plan_blocks
+from ollie.semantics.terms import Factor, Term, eval_factor, expand
+
+SPARSE_FRACTION = 0.25
+"""A sampled evaluation evaluates a nested scope only at the positions it reads when these are
+at most this fraction of the scope's size (else it evaluates the whole scope, which is faster
+per element)."""
+
+
+def interpret(expr: Expr | str, inputs: Mapping[str, Any], *, at: Any = None) -> np.ndarray:
+    """Evaluate ``expr`` on ``inputs`` (name -> numpy array or CPU torch tensor).
+
+    Returns a float32 array of shape ``expr.shape``, or with ``at`` (int array [P, rank] of output
+    storage positions) a float32 array [P] of those elements only. Raises
+    :class:`~ollie.errors.ShapeError` when a tensor the expression reads is missing or has a
+    shape other than the declared one.
+    """
+    if isinstance(expr, str):
+        expr = parse(expr)
+    ev = _Evaluator(_input_sources(expr, inputs))
+    with np.errstate(all="ignore"):
+        if at is None:
+            out = ev.materialise(expr.root).array
+        else:
+            points = _check_points(at, expr.shape)
+            out = ev.evaluate(expr.root, Grid.at_points(expr.root, points))
+    return np.asarray(out, dtype=np.float32)
+
+
+# --------------------------------------------------------------------- argument checks
+def _to_array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
+        value = value.detach().cpu()
+        try:
+            return value.numpy()
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            return value.float().numpy()
+    return np.asarray(value)
+
+
+def _input_sources(expr: Expr, inputs: Mapping[str, Any]) -> dict[str, DenseSource]:
+    declared = expr.inputs
+    out: dict[str, DenseSource] = {}
+    for name in sorted(tensor_names(expr.root)):
+        if name not in declared:
+            raise ExprError(f"tensor '{name}' is read but not declared")
+        shape = tuple(declared[name])
+        if name not in inputs:
+            raise ShapeError(f"missing input tensor '{name}' (declared shape {list(shape)})")
+        arr = _to_array(inputs[name])
+        if arr.shape != shape:
+            raise ShapeError(f"input tensor '{name}' has shape {list(arr.shape)}, "
+                             f"expected {list(shape)}")
+        arr = np.ascontiguousarray(arr, dtype=np.float64)
+        out[name] = DenseSource(name, arr, (0,) * len(shape))
+    return out
+
+
+def _check_points(at: Any, shape: tuple[int, ...]) -> np.ndarray:
+    points = _to_array(at)
+    if points.ndim != 2 or points.shape[1] != len(shape):
+        raise ShapeError(f"'at' must be an integer array [P, {len(shape)}] of output positions, "
+                         f"got shape {list(points.shape)}")
+    if points.size and not np.issubdtype(points.dtype, np.integer):
+        raise ShapeError(f"'at' must hold integers, got dtype {points.dtype}")
+    points = points.astype(np.int64)
+    if points.size and ((points < 0).any() or (points >= np.asarray(shape)).any()):
+        raise ShapeError(f"'at' holds positions outside the output shape {list(shape)}")
+    return points
+
+
+# --------------------------------------------------------------------- evaluation
+class _Evaluator:
+    """Evaluates scopes of one call; nested scopes are materialised at most once."""
+
+    def __init__(self, tensors: dict[str, DenseSource]) -> None:
+        self.tensors = tensors
+        self.materialised: dict[Scope, DenseSource] = {}
+
+    def materialise(self, scope: Scope) -> DenseSource:
+        """The whole scope as a tensor read at ``value - lo`` (cached)."""
+        src = self.materialised.get(scope)
+        if src is None:
+            values = self.evaluate(scope, Grid.full(scope))
+            src = DenseSource(_describe(scope), values, tuple(it.lo for it in scope.traversal))
+            self.materialised[scope] = src
+        return src
+
+    def evaluate(self, scope: Scope, grid: Grid) -> np.ndarray:
+        """float64 values of ``scope`` over the output axes of ``grid``."""
+        sources = self._sources(scope, grid)
+        out = np.zeros(grid.out_shape)
+        if 0 in grid.sizes:
+            return out
+        for term in expand(scope.body):
+            _add_term(term, grid, sources, out)
+        _redo_non_finite(scope, grid, sources, out)
+        return out
+
+    def _sources(self, scope: Scope, grid: Grid) -> dict[str | Scope, Source]:
+        sources: dict[str | Scope, Source] = {}
+        nested: dict[Scope, list[Access]] = {}
+        for acc in accesses(scope.body):
+            if isinstance(acc.source, Scope):
+                nested.setdefault(acc.source, []).append(acc)
+            else:
+                sources[acc.source] = self.tensors[acc.source]
+        for sub, accs in nested.items():
+            if not grid.sampled or sub in self.materialised:
+                sources[sub] = self.materialise(sub)
+            else:
+                sources[sub] = self._sampled_source(sub, accs, grid)
+        return sources
+
+    def _sampled_source(self, sub: Scope, accs: list[Access], grid: Grid) -> Source:
+        offsets = tuple(it.lo for it in sub.traversal)
+        size = math.prod(sub.shape)
+        keys = np.unique(np.concatenate(
+            [requested_keys(sub.shape, offsets, acc.indices, grid) for acc in accs]))
+        if size <= 1 or len(keys) > SPARSE_FRACTION * size:
+            return self.materialise(sub)
+        points = np.stack(np.unravel_index(keys, sub.shape), axis=1) if len(keys) else \
+            np.zeros((0, len(sub.shape)), np.int64)
+        values = self.evaluate(sub, Grid.at_points(sub, points))
+        return SparseSource(_describe(sub), sub.shape, offsets, keys, values)
+
+
+def _redo_non_finite(scope: Scope, grid: Grid, sources: Mapping[str | Scope, Source],
+                     out: np.ndarray) -> None:
+    """Re-evaluate the body as written where ``out`` is inf or NaN.
+
+    Term-wise evaluation reassociates (distributes products over sums, sums one operand of a
+    product before multiplying, scales sums by constants): exact up to float64 rounding for
+    finite values, but not where inf or NaN occur. A finite result means every value involved
+    was finite (barring float64 overflow), so only non-finite results need the body as written:
+    evaluated element-wise at each such point and every summation point, then summed.
+    """
+    flat = out.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if not len(bad):
+        return
+    if grid.sampled:
+        points = grid.points[bad]
+    elif out.ndim:
+        points = np.stack(np.unravel_index(bad, out.shape), axis=1)
+    else:
+        points = np.zeros((len(bad), 0), np.int64)
+    values = np.zeros(len(bad))
+    _add_term(Term(1.0, (Factor(scope.body),)), Grid.at_points(scope, points), sources, values)
+    flat[bad] = values
+
+
+def _describe(scope: Scope) -> str:
+    text = str(scope)
+    return "{ " + (text if len(text) < 60 else text[:57] + "...") + " }"
+
+
+def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
+              out: np.ndarray) -> None:
+    """``out += Sum<summation axes> term`` (broadcast over the output axes it does not use)."""
+
+    def reader(box: Box):
+        return lambda acc: read(sources[acc.source], acc.indices, grid, box)
+
+    coef = np.float64(term.coef)
+    factors: list[tuple[Factor, frozenset[int]]] = []
+    for f in term.factors:
+        axes = grid.axes(f.iters)
+        if axes:
+            factors.append((f, axes))
+        else:  # a constant factor (reads at constant indices, functions of them)
+            coef = coef * np.asarray(eval_factor(f, reader(grid.full_box()))).reshape(())
+    used = frozenset().union(*(axes for _, axes in factors))
+    mult = math.prod(n for a, n in enumerate(grid.sizes) if grid.is_summed(a) and a not in used)
+    out_axes = sorted(a for a in used if not grid.is_summed(a))
+    if not factors:
+        out += coef * mult
+        return
+    post = coef * mult
+    block = plan_blocks(grid, [axes for _, axes in factors] + [frozenset(out_axes)],
+                        MAX_ELEMENTS)
+    cache: dict[int, tuple[tuple, np.ndarray]] = {}
+    for box in iter_boxes(grid, block, used):
+        ops = []
+        for i, (f, axes) in enumerate(factors):
+            key = tuple(box[a] for a in sorted(axes))
+            hit = cache.get(i)
+            if hit is not None and hit[0] == key:
+                value = hit[1]
+            else:
+                value = np.broadcast_to(eval_factor(f, reader(box)), grid.box_shape(box, axes))
+                value = value.reshape([box[a][1] - box[a][0] for a in sorted(axes)])
+                cache[i] = (key, value)
+            ops.append(value)
+        res = contract(ops, [sorted(axes) for _, axes in factors], out_axes)
+        if post != 1:
+            res = res * post
+        target = tuple(slice(*box[a]) for a in range(grid.n_out))
+        out[target] += res.reshape(grid.box_shape(box, out_axes)[: grid.n_out])
