@@ -34,7 +34,7 @@ def _dim_iters(shape: Sequence[int]) -> list[Iter]:
     return [Iter(f"d{i}", 0, d) for i, d in enumerate(shape)]
 
 
-def _rewrite_reads(scope: Scope, tensor: str, new_source: Scope,
+def _rewrite_reads(scope: Scope, tensor: str | Scope, new_source: Scope,
                    fn) -> Scope:
     ranges = scope.ranges
 
@@ -47,12 +47,21 @@ def _rewrite_reads(scope: Scope, tensor: str, new_source: Scope,
     return Scope(scope.traversal, scope.summation, map_body(scope.body, visit))
 
 
-def split_dim(scope: Scope, tensor: str, shape: Sequence[int], dim: int, k: int) -> Scope:
-    """Read ``tensor`` (of ``shape``) through a copy whose dimension ``dim`` is split by k."""
-    if not 1 < k < shape[dim]:
-        raise ExprError(f"layout split of {tensor} dim {dim} by {k}: factor out of range")
-    its = _dim_iters(shape)
-    q, r = Iter("q", 0, -(-shape[dim] // k)), Iter("r", 0, k)
+def split_dim(scope: Scope, tensor: str | Scope, shape: Sequence[int], dim: int, k: int
+              ) -> Scope:
+    """Read ``tensor`` (of ``shape``) through a copy whose dimension ``dim`` is split by k.
+
+    ``tensor`` may also be a nested scope read by ``scope`` (``shape`` is then ignored): its
+    dimension ranges over values ``[lo, hi)`` and the quotient ranges over the values
+    ``[lo // k, (hi - 1) // k + 1)``."""
+    if isinstance(tensor, Scope):
+        its = [Iter(f"d{i}", t.lo, t.hi) for i, t in enumerate(tensor.traversal)]
+    else:
+        its = _dim_iters(shape)
+    lo, hi = its[dim].lo, its[dim].hi
+    if not 1 < k < hi - lo:
+        raise ExprError(f"layout split of dim {dim} by {k}: factor out of range")
+    q, r = Iter("q", lo // k, (hi - 1) // k + 1), Iter("r", 0, k)
     new_its = [*its[:dim], q, r, *its[dim + 1:]]
     idx = [var(it.name) for it in its]
     idx[dim] = var("q") * k + var("r")

@@ -203,3 +203,30 @@ def _apply(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
 def variable_substitution(expr: Expr) -> list[Derived]:
     """Shift, merge and split substitutions proposed by the expression's indices."""
     return derive_each_scope(expr, "variable_substitution", _apply)
+
+
+def split_summation_iter(scope: Scope, name: str, k: int,
+                         shapes: Mapping[str, tuple[int, ...]]) -> Scope:
+    """``Sum_y f(y) == Sum_{yq, yr} f(k*yq + yr + lo)``: a bijection of the summation domain.
+
+    When ``k`` does not divide ``|y|`` the domain grows to a multiple of ``k``; that is exact
+    only if the body is provably zero on the added values (checked, else ExprError)."""
+    from ollie.rules.zeros import nonzero_interval
+
+    it = scope.iter(name)
+    if it not in scope.summation or not 1 < k < it.size:
+        raise ExprError(f"cannot split summation iterator '{name}' by {k}")
+    nq = -(-it.size // k)
+    if nq * k != it.size:
+        grown = {**scope.ranges, name: (it.lo, it.lo + nq * k)}
+        lo, hi = nonzero_interval(scope.body, grown, name, shapes)
+        if lo < hi and (lo < it.lo or hi > it.hi):
+            raise ExprError(f"splitting '{name}' by {k} would add non-zero terms")
+    taken = iter_names(scope)
+    q, r = fresh_name(name + "q", taken), fresh_name(name + "r", taken)
+    new_sum: list[Iter] = []
+    for t in scope.summation:
+        new_sum += [Iter(q, 0, nq), Iter(r, 0, k)] if t.name == name else [t]
+    ranges = {**{t.name: t.range for t in scope.traversal}, **{t.name: t.range for t in new_sum}}
+    body = subst_body(scope.body, {name: var(q) * k + var(r) + it.lo}, ranges)
+    return Scope(scope.traversal, tuple(new_sum), body)

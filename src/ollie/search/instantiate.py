@@ -1,0 +1,166 @@
+"""Expression instantiation: turn every scope of an expression into kernels.
+
+Bottom-up over the scope tree: a nested scope is instantiated first and replaced by a read of
+its output tensor (position = value - lo); then the scope itself gets one option per library
+operator that matches it (:mod:`ollie.match`, layout eOperators included) and, when it is
+memory-bound, an eOperator. A compute-bound scope that no library operator matches has no
+option, so the expression is not (yet) instantiable: the paper keeps compute-bound work in
+library operators and generates only memory-bound eOperators.
+
+Match results are cached per (scope, input shapes), so states sharing sub-scopes share work.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ollie.fingerprint import fingerprint
+from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
+from ollie.match import MATCHERS, MatchResult, Mismatch, make_eop
+from ollie.program.kernel import Kernel
+
+# A rough machine model, only used to order options before they are measured.
+PEAK_FLOPS = 50e9
+BANDWIDTH = 10e9
+EOP_SLOWDOWN = 1.5  # generated kernels reach a fraction of peak bandwidth
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to compute a scope: kernels (in order), the output tensor, an estimated cost."""
+
+    kernels: tuple[Kernel, ...]
+    output: str
+    cost: float
+    rules: tuple[str, ...] = ()  # instantiation rules used ("operator_matching", ...)
+
+
+def kernel_cost(k: Kernel) -> float:
+    if k.kind == "eOp":
+        return EOP_SLOWDOWN * float(k.params.get("bytes", 0)) / BANDWIDTH
+    p = k.params
+    flops = 0.0
+    if k.kind == "Matmul":
+        flops = 2.0 * p["b"] * p["m"] * p["n"] * p["k"]
+    elif k.kind == "Conv":
+        oh = max(1, (p["h"] + p["ph"] + p.get("ph_end", p["ph"]) - p["dh"] * (p["r"] - 1) - 1)
+                 // p["sh"] + 1)
+        ow = max(1, (p["w"] + p["pw"] + p.get("pw_end", p["pw"]) - p["dw"] * (p["s"] - 1) - 1)
+                 // p["sw"] + 1)
+        flops = 2.0 * p["n"] * p["f"] * oh * ow * p["c"] * p["r"] * p["s"]
+    elif k.kind == "G2BMM":
+        flops = 2.0 * p["b"] * p["m"] * (2 * p["w"] + 1) * p["k"]
+    elif k.kind == "GBMM":
+        flops = 2.0 * p["b"] * p["m"] * (2 * p["w"] + 1) * p["n"]
+    elems = 0
+    for shape in k.expr.inputs.values():
+        n = 1
+        for d in shape:
+            n *= d
+        elems += n
+    return flops / PEAK_FLOPS + 4.0 * elems / BANDWIDTH
+
+
+@dataclass
+class ScopeInfo:
+    """What instantiation learned about one scope: its match results (for guided derivation)."""
+
+    scope: Scope            # the scope with nested scopes replaced by tensor reads
+    decls: dict[str, tuple[int, ...]]
+    results: dict[str, MatchResult | Mismatch]
+    eop_bound: str
+    sources: dict[str, Scope] = field(default_factory=dict)  # output tensor -> nested scope
+
+
+@dataclass
+class Instantiator:
+    """Caches and settings shared by every instantiation of one search."""
+
+    targets: tuple[str, ...]
+    keep: int = 3
+    _cache: dict = field(default_factory=dict)
+    infos: dict = field(default_factory=dict)
+
+    def name_for(self, scope: Scope, decls: Mapping[str, tuple[int, ...]]) -> str:
+        defs = {n: n for n in decls}
+        return "t" + fingerprint(scope, defs)[:10]
+
+    def options(self, scope: Scope, decls: Mapping[str, tuple[int, ...]]) -> list[Option]:
+        """Options to compute ``scope`` (best first; empty when not instantiable)."""
+        key = (scope, tuple(sorted((n, decls[n]) for n in _direct_tensors(scope)
+                                   if n in decls)))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        out = self._options(scope, dict(decls))
+        self._cache[key] = out
+        return out
+
+    def _options(self, scope: Scope, decls: dict[str, tuple[int, ...]]) -> list[Option]:
+        per_child: list[list[Option]] = []
+        for acc in _nested(scope):
+            opts = self.options(acc.source, decls)
+            if not opts:
+                return []
+            per_child.append(opts)
+        found: list[Option] = []
+        for combo in itertools.islice(itertools.product(*per_child), self.keep * self.keep):
+            found += self._own_options(scope, decls, list(combo))
+        unique: dict[tuple, Option] = {}
+        for opt in sorted(found, key=lambda o: o.cost):
+            unique.setdefault(tuple((k.kind, k.output) for k in opt.kernels), opt)
+        return list(unique.values())[: self.keep]
+
+    def _own_options(self, scope: Scope, decls: Mapping[str, tuple[int, ...]],
+                     children: list[Option]) -> list[Option]:
+        """Options for ``scope`` once its nested scopes are computed by ``children``."""
+        decls = dict(decls)
+        flat = _replace_nested(scope, children)
+        for opt, acc in zip(children, _nested(scope), strict=True):
+            decls[opt.output] = acc.source.shape
+        child_kernels = tuple(itertools.chain.from_iterable(o.kernels for o in children))
+        child_cost = sum(o.cost for o in children)
+        child_rules = tuple(itertools.chain.from_iterable(o.rules for o in children))
+        name = self.name_for(flat, decls)
+        results = {t: MATCHERS[t](flat, decls, name) for t in self.targets}
+        eop = make_eop(flat, decls, name)
+        sources = {o.output: a.source for o, a in zip(children, _nested(scope), strict=True)}
+        self.infos.setdefault(scope, ScopeInfo(flat, decls, results,
+                                               str(eop.params.get("bound")), sources))
+        own: list[tuple[tuple[Kernel, ...], str]] = [
+            (res.kernels, "operator_matching") for res in results.values()
+            if isinstance(res, MatchResult)]
+        if eop.params.get("bound") == "memory":
+            own.append(((eop,), "eoperator_generation"))
+        return [Option(child_kernels + kernels, name,
+                       child_cost + sum(kernel_cost(k) for k in kernels), (*child_rules, rule))
+                for kernels, rule in own]
+
+    def complete(self, expr: Expr) -> list[Option]:
+        """Options computing the whole expression (empty when not instantiable)."""
+        return self.options(expr.root, expr.inputs)
+
+
+def _nested(scope: Scope) -> list[Access]:
+    return [a for a in accesses(scope.body) if isinstance(a.source, Scope)]
+
+
+def _direct_tensors(scope: Scope) -> set[str]:
+    return {a.source for a in accesses(scope.body) if isinstance(a.source, str)}
+
+
+def _replace_nested(scope: Scope, children: list[Option]) -> Scope:
+    """``scope`` reading each nested scope's output tensor instead (position = value - lo)."""
+    it = iter(children)
+
+    def fn(node: Node) -> Node | None:
+        if isinstance(node, Access) and isinstance(node.source, Scope):
+            opt = next(it)
+            idx = tuple(i - t.lo for i, t in zip(node.indices, node.source.traversal,
+                                                  strict=True))
+            return Access(opt.output, idx)
+        return None
+
+    return Scope(scope.traversal, scope.summation, map_body(scope.body, fn))
