@@ -7,10 +7,11 @@ from ollie.errors import ExprError, OllieError, ParseError, ShapeError, Unsuppor
 from ollie.fingerprint import FingerprintSet, canonical_form, fingerprint
 from ollie.ir import Expr, parse
 from ollie.ir import format_expr as format
+from ollie.search import derive
 from ollie.semantics import interpret
 
 __all__ = [
     "Expr", "ExprError", "FingerprintSet", "OllieError", "ParseError", "ShapeError",
-    "UnsupportedError", "canonical_form", "fingerprint", "format", "interpret", "parse",
+    "UnsupportedError", "canonical_form", "derive", "fingerprint", "format", "interpret", "parse",
 ]
 __version__ = "0.1.0"

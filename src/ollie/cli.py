@@ -7,6 +7,7 @@ Errors derived from `ollie.errors.OllieError` become a one-line message and exit
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -39,6 +40,7 @@ def _not_implemented(args: argparse.Namespace) -> int:
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"demo": _cmd_demo}
+_MODULES = {"derive": "ollie.commands.derive"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in _SUBCOMMANDS.items():
-        sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in _MODULES:
+            module = importlib.import_module(_MODULES[name])
+            module.add_arguments(p)
+            _HANDLERS[name] = module.run
     return parser
 
 

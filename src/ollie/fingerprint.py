@@ -86,6 +86,7 @@ class FingerprintSet:
     def __init__(self, digest: Callable[[str], str] | None = None) -> None:
         self._digest = digest
         self._forms: dict[str, list[str]] = {}
+        self._ids: dict[str, int] = {}
         self._size = 0
         self.hits = 0
         self.collisions = 0
@@ -96,18 +97,24 @@ class FingerprintSet:
 
     def add(self, expr: Expr | Scope, defs: Mapping[str, str] | None = None) -> bool:
         """Record ``expr``; True when it was not seen before (up to the invariances)."""
+        return self.add_index(expr, defs)[0]
+
+    def add_index(self, expr: Expr | Scope, defs: Mapping[str, str] | None = None
+                  ) -> tuple[bool, int]:
+        """Record ``expr``: (True when new, the index of its class in insertion order)."""
         digest, form = self._key(expr, defs)
         bucket = self._forms.get(digest)
         if bucket is None:
             self._forms[digest] = [form]
         elif form in bucket:
             self.hits += 1
-            return False
+            return False, self._ids[form]
         else:
             self.collisions += 1
             bucket.append(form)
+        self._ids[form] = self._size
         self._size += 1
-        return True
+        return True, self._size - 1
 
     def contains(self, expr: Expr | Scope, defs: Mapping[str, str] | None = None) -> bool:
         """True when an equivalent expression (same canonical form) was added."""

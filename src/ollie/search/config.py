@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ollie.rules.base import INTRA_RULES
@@ -16,9 +17,16 @@ class SearchConfig:
     ``max_depth``: explorative derivation steps (guided steps do not count);
     ``time_budget``: seconds (the search stops within a few percent of it);
     ``max_states``: expanded states; ``fingerprint_pruning`` / ``guided``: ablation switches;
-    ``guided_depth``: guided steps allowed per scope; ``keep``: completions kept per scope;
+    ``normalize``: after each explorative step, inline scopes that only re-index another
+    scope and tighten nested ranges (exact rewrites that never make a program worse; they
+    are recorded in the derivation); ``guided_depth``: guided steps allowed per scope;
+    ``keep``: completions kept per scope;
     ``verify_samples``: output positions compared per candidate (all when the output is
-    smaller); ``rtol`` / ``atol``: verification tolerances; ``max_candidates``: reported.
+    smaller); ``rtol`` / ``atol``: verification tolerances; ``max_candidates``: reported;
+    ``stop_when_found``: stop exploring once a candidate using one of these library kinds is
+    found; ``target``: a predicate on candidates whose first hit is timed in the statistics
+    (``first_found["target"]``), and ends the exploration with ``stop_at_target`` (both used
+    by the search benchmark to time how long finding a program takes).
     """
 
     max_depth: int = 7
@@ -35,4 +43,7 @@ class SearchConfig:
     atol: float = 1e-4
     max_candidates: int = 32
     seed: int = 0
+    normalize: bool = True
     stop_when_found: tuple[str, ...] = ()
+    target: Callable[[object], bool] | None = None
+    stop_at_target: bool = False

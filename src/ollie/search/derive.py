@@ -31,7 +31,7 @@ from ollie.search.candidate import (
     verify_candidate,
 )
 from ollie.search.config import SearchConfig
-from ollie.search.guided import guided_derive
+from ollie.search.guided import guided_derive, normalize
 from ollie.search.instantiate import Instantiator, Option
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class _State:
     expr: Expr
     depth: int
     steps: tuple[Step, ...]
+    index: int = 0
 
 
 class _Search:
@@ -71,19 +72,24 @@ class _Search:
         self.candidates: dict[str, Candidate] = {}
         self.rejected = 0
         self.visited = self.pruned = self.generated = 0
+        # derivation graph between distinct states (pruning on): state -> children states
+        self.edges: dict[int, list[int]] = {}
         self.depth_reached = 0
         self.start = time.perf_counter()
         self.deadline = self.start + config.time_budget
         # the last part of the budget is kept for verifying the candidates found
         self.search_deadline = self.start + config.time_budget * (1 - VERIFY_SHARE)
         self.found: dict[str, Candidate] = {}
+        self.stop = False
+        self.search_seconds = 0.0
+        self.first_found: dict[str, dict] = {}  # library kind -> when first found
 
     def out_of_budget(self) -> bool:
-        return time.perf_counter() >= self.search_deadline or \
+        return self.stop or time.perf_counter() >= self.search_deadline or \
             self.visited >= self.config.max_states
 
     def run(self) -> DeriveResult:
-        queue: deque[_State] = deque([_State(self.expr, 0, ())])
+        queue: deque[_State] = deque([_State(self.expr, 0, (), 0)])
         self.seen.add(self.expr)
         while queue and not self.out_of_budget():
             state = queue.popleft()
@@ -94,28 +100,40 @@ class _Search:
                 self.progress(self.stats())
             if state.depth >= self.config.max_depth:
                 continue
+            children = self.edges.setdefault(state.index, [])
             for name in self.config.rules:
                 for d in RULES[name](state.expr):
                     self.generated += 1
-                    if self.config.fingerprint_pruning and not self.seen.add(d.expr):
-                        self.pruned += 1
-                        continue
-                    step = Step(d.rule, d.note, format_expr(d.expr))
-                    queue.append(_State(d.expr, state.depth + 1, (*state.steps, step)))
+                    expr, norm = (normalize(d.expr) if self.config.normalize
+                                  else (d.expr, []))
+                    if self.config.fingerprint_pruning:
+                        new, index = self.seen.add_index(expr)
+                        children.append(index)
+                        if not new:
+                            self.pruned += 1
+                            continue
+                    else:
+                        index = self.generated
+                    steps = (*state.steps, Step(d.rule, d.note, format_expr(d.expr)), *norm)
+                    queue.append(_State(expr, state.depth + 1, steps, index))
                 if self.out_of_budget():
                     break
+        self.search_seconds = time.perf_counter() - self.start
+        slowest = 0.0
         for cand in _diverse_order(self.found.values()):
-            if len(self.candidates) >= self.config.max_candidates or \
-                    time.perf_counter() >= self.deadline:
+            left = self.deadline - time.perf_counter()
+            if len(self.candidates) >= self.config.max_candidates or left <= 1.2 * slowest:
                 break
+            t0 = time.perf_counter()
             self.verify(cand)
+            slowest = max(slowest, time.perf_counter() - t0)
         result = sorted(self.candidates.values(), key=lambda c: c.cost)
         return DeriveResult(result, self.stats(), self.expr)
 
     def instantiate(self, state: _State) -> None:
         if self.config.guided:
             found = guided_derive(state.expr, self.inst, self.config.guided_depth,
-                                  self.guided_seen)
+                                  self.guided_seen, self.search_deadline)
         else:
             found = [(opt, ()) for opt in self.inst.complete(state.expr)]
         for opt, gsteps in found:
@@ -128,6 +146,18 @@ class _Search:
         cand = Candidate(list(opt.kernels), opt.output, steps, cost=opt.cost,
                          found_at_depth=state.depth)
         self.found.setdefault(cand.key, cand)
+        for kind in set(cand.library_kinds) or {"eOp"}:
+            self.first_found.setdefault(kind, self._when(state))
+            if kind in self.config.stop_when_found:
+                self.stop = True
+        target = self.config.target
+        if target is not None and "target" not in self.first_found and target(cand):
+            self.first_found["target"] = self._when(state)
+            self.stop = self.stop or self.config.stop_at_target
+
+    def _when(self, state: _State) -> dict:
+        return {"seconds": round(time.perf_counter() - self.start, 3), "depth": state.depth,
+                "states_visited": self.visited}
 
     def verify(self, cand: Candidate) -> None:
         """Run ``cand`` on random inputs against the interpreter; keep it only if it agrees."""
@@ -147,11 +177,31 @@ class _Search:
         cand.max_error = err
         self.candidates[cand.key] = cand
 
+    def unpruned_states(self) -> int | None:
+        """How many states a search without pruning would visit to the same depth: the
+        number of derivation paths of length <= max_depth, counted as walks in the graph of
+        distinct states (exact when the search finished; a state first reached at the last
+        depth is never expanded, and no walk of allowed length continues past it)."""
+        if not self.config.fingerprint_pruning or self.visited >= self.config.max_states:
+            return None
+        walks = {0: 1}
+        total = 1
+        for _ in range(self.depth_reached):
+            nxt: dict[int, int] = {}
+            for s, count in walks.items():
+                for c in self.edges.get(s, ()):
+                    nxt[c] = nxt.get(c, 0) + count
+            walks = nxt
+            total += sum(walks.values())
+        return total
+
     def stats(self) -> dict:
         return {"states_visited": self.visited, "states_pruned": self.pruned,
                 "states_generated": self.generated, "candidates": len(self.candidates),
                 "candidates_found": len(self.found), "rejected": self.rejected,
+                "first_found": self.first_found, "unpruned_states": self.unpruned_states(),
                 "seconds": round(time.perf_counter() - self.start, 3),
+                "search_seconds": round(self.search_seconds or time.perf_counter() - self.start, 3),
                 "max_depth": self.depth_reached}
 
 

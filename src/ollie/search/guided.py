@@ -23,6 +23,8 @@ steps do not count toward the explorative depth.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from math import gcd
@@ -266,16 +268,18 @@ def _contraction(info) -> bool:
 
 
 def guided_derive(expr: Expr, inst: Instantiator, depth: int, seen: FingerprintSet,
-                  ) -> list[tuple[Option, tuple[Step, ...]]]:
+                  deadline: float = math.inf) -> list[tuple[Option, tuple[Step, ...]]]:
     """Instantiate ``expr`` and the expressions guided proposals lead to, breadth-first up to
     ``depth`` guided steps (so each is reached by its shortest guided derivation). ``seen``
     is shared across calls: a guided state reached from another explorative state is not
-    derived again."""
+    derived again. Stops early at ``deadline`` (a ``time.perf_counter()`` value)."""
     found: list[tuple[Option, tuple[Step, ...]]] = []
     level: list[tuple[Expr, tuple[Step, ...]]] = [(expr, ())]
     for d in range(depth + 1):
         nxt: list[tuple[Expr, tuple[Step, ...]]] = []
         for e, steps in level:
+            if time.perf_counter() >= deadline:
+                return found
             found += [(opt, steps) for opt in inst.complete(e)]
             if d == depth:
                 continue

@@ -1,0 +1,1 @@
+"""Benchmark harnesses: search ablations, operator level, end to end."""
