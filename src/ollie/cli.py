@@ -40,7 +40,7 @@ def _not_implemented(args: argparse.Namespace) -> int:
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"demo": _cmd_demo}
-_MODULES = {"derive": "ollie.commands.derive"}
+_MODULES = {"derive": "ollie.commands.derive", "bench": "ollie.commands.bench"}
 
 
 def build_parser() -> argparse.ArgumentParser:

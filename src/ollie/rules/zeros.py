@@ -11,8 +11,9 @@ gives the whole range. The analysis is conservative: it may miss zeros, never in
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
-from ollie.ir import Access, BinOp, Call, Const, Neg, Node, Scope, var
+from ollie.ir import Access, BinOp, Call, Const, Neg, Node, Scope, Var
 
 Interval = tuple[int, int]
 ZERO_PRESERVING = ("relu", "tanh", "abs", "sqrt")
@@ -33,13 +34,11 @@ def read_interval(acc: Access, ranges: Mapping[str, tuple[int, int]], name: str,
                   shapes: Mapping[str, tuple[int, ...]]) -> Interval:
     """Values of ``name`` for which ``acc`` can read inside its tensor (hull, half-open)."""
     lo, hi = ranges[name]
-    others = {k: v for k, v in ranges.items() if k != name}
     for idx, (dlo, dhi) in zip(acc.indices, access_extents(acc, shapes), strict=True):
         a = idx.coef(name)
-        rest = idx - var(name) * a if a else idx
-        if name in rest.vars():
+        if name in idx.vars() and not (a and _only_top_level(idx, name)):
             continue  # used through div/mod: no conclusion
-        rmin, rmax = rest.bounds(others) if rest.vars() else (rest.const, rest.const)
+        rmin, rmax = idx.bounds({**ranges, name: (0, 1)})  # the rest: x contributes 0
         if a == 0:
             if rmax < dlo or rmin > dhi - 1:
                 return (lo, lo)  # always out of bounds
@@ -54,30 +53,46 @@ def read_interval(acc: Access, ranges: Mapping[str, tuple[int, int]], name: str,
     return (lo, max(lo, hi))
 
 
+def _only_top_level(idx, name: str) -> bool:
+    """``name`` appears only as a plain top-level term of ``idx`` (not inside div/mod)."""
+    return all(isinstance(atom, Var) or name not in atom.arg.vars() for atom, _ in idx.terms)
+
+
 def nonzero_interval(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
                      shapes: Mapping[str, tuple[int, ...]]) -> Interval:
     """Hull of the values of ``name`` where ``body`` may be non-zero (half-open)."""
+    return _nonzero(body, tuple(sorted(ranges.items())), name,
+                    tuple(sorted((k, tuple(v)) for k, v in shapes.items())))
+
+
+@lru_cache(maxsize=1 << 16)
+def _nonzero(body: Node, ranges_t: tuple, name: str, shapes_t: tuple) -> Interval:
+    return _nonzero_interval(body, dict(ranges_t), name, dict(shapes_t))
+
+
+def _nonzero_interval(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
+                      shapes: Mapping[str, tuple[int, ...]]) -> Interval:
     full = ranges[name]
     if isinstance(body, Const):
         return (full[0], full[0]) if body.value == 0 else full
     if isinstance(body, Access):
         return read_interval(body, ranges, name, shapes)
     if isinstance(body, Neg):
-        return nonzero_interval(body.x, ranges, name, shapes)
+        return _nonzero_interval(body.x, ranges, name, shapes)
     if isinstance(body, BinOp):
-        a = nonzero_interval(body.lhs, ranges, name, shapes)
+        a = _nonzero_interval(body.lhs, ranges, name, shapes)
         if body.op == "/":
             return a if isinstance(body.rhs, Const) else full
-        b = nonzero_interval(body.rhs, ranges, name, shapes)
+        b = _nonzero_interval(body.rhs, ranges, name, shapes)
         if body.op == "*":
             lo, hi = max(a[0], b[0]), min(a[1], b[1])
             return (lo, max(lo, hi))
         return _hull(a, b)
     assert isinstance(body, Call)
     if body.fn in ZERO_PRESERVING:
-        return nonzero_interval(body.args[0], ranges, name, shapes)
+        return _nonzero_interval(body.args[0], ranges, name, shapes)
     if body.fn in ("max", "min"):
-        return _hull(*(nonzero_interval(a, ranges, name, shapes) for a in body.args))
+        return _hull(*(_nonzero_interval(a, ranges, name, shapes) for a in body.args))
     return full
 
 

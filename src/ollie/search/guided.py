@@ -91,9 +91,17 @@ def _normalize_once(expr: Expr) -> tuple[Expr, Step] | None:
             if new_scope is not None:
                 new = Expr(expr.decls, replace_scope(expr.root, path, new_scope))
                 return new, _step("traversal_merging", "inline re-indexing scope", new)
-        for new_scope, note in _tighten(scope, path, expr):
+        tight = _tighten(scope, path, expr)
+        if tight:
+            # each proposal is sound for the current (larger) ranges of the others, hence
+            # also after they shrink: apply them all at once
+            new_scope = scope
+            for proposal, _ in tight:
+                for it in proposal.iters:
+                    if it != new_scope.iter(it.name):
+                        new_scope = _with_range(new_scope, it.name, it.lo, it.hi)
             new = Expr(expr.decls, replace_scope(expr.root, path, new_scope))
-            return new, _step("boundary_tightening", note, new)
+            return new, _step("boundary_tightening", "; ".join(n for _, n in tight), new)
     return None
 
 

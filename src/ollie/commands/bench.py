@@ -1,0 +1,31 @@
+"""``ollie bench {search,ops,models}``: the benchmarks (tables and plots under
+benchmarks/results/)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _depths(text: str) -> range:
+    lo, _, hi = text.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    s = sub.add_parser("search", help="search states/time per depth, pruning and guided "
+                                      "derivation ablations")
+    s.add_argument("--cases", nargs="+", default=None,
+                   help="operator cases (default: conv3x3 convtranspose conv5x5 g2bmm)")
+    s.add_argument("--depths", type=_depths, default=range(1, 9), help="e.g. 1-8 (default)")
+    s.add_argument("--budget", type=float, default=30.0, help="seconds per run (default 30)")
+    s.add_argument("--out", default="benchmarks/results", help="output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench == "search":
+        from ollie.bench import search
+
+        return search.main(tuple(args.cases or search.DEFAULT_CASES), args.depths, args.budget,
+                           args.out)
+    raise AssertionError(args.bench)
