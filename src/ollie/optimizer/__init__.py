@@ -1,0 +1,1 @@
+"""Program-level optimisation: measured selection, subprograms, whole models."""

@@ -1,0 +1,159 @@
+"""Post-processing of programs (paper section "Post-Processing").
+
+* **Compile-time evaluation**: a kernel reading only constants (weights) is run once now and
+  its output becomes a constant (e.g. a weight layout transformation).
+* **eOperator fusion**: an eOperator whose output only one other eOperator reads is fused into
+  it by expression fusion (the chain rule); the producer's scope is then inlined by traversal
+  merging wherever that is exact, else it stays a nested scope computed inside the one kernel.
+  Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
+  fuse the same way.
+* **Identity eOperator elimination**: an eOperator that only re-reads one tensor in the same
+  flat order (a reshape, or a contiguous slice) becomes an ``Alias`` kernel: a zero-copy view.
+
+Every pass keeps the program exact; :func:`postprocess` runs them to a fixpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ollie.ir import Access, Expr, Scope, accesses
+from ollie.match.eop import make_eop
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+from ollie.rules.inter import expression_fusion
+from ollie.rules.traversal_merging import inline
+
+log = logging.getLogger(__name__)
+
+
+def fold_constants(prog: Program, backend: str = "reference") -> Program:
+    """Evaluate kernels whose inputs are all constants; their outputs become constants (eOps
+    through the reference interpreter by default: exact, and nothing to compile)."""
+    from ollie.runtime.executor import compile_kernel
+
+    constants = dict(prog.constants)
+    kernels = []
+    for k in prog.kernels:
+        if k.kind != "Opaque" and k.inputs and all(n in constants for n in k.inputs) and \
+                k.output not in prog.outputs:
+            env = {n: torch.as_tensor(constants[n]) for n in k.inputs}
+            out = compile_kernel(k, backend)(env, None)
+            constants[k.output] = np.ascontiguousarray(out.detach().cpu().numpy(),
+                                                       dtype=np.float32)
+            log.debug("folded %s -> %s at optimisation time", k.kind, k.output)
+        else:
+            kernels.append(k)
+    used = {n for k in kernels for n in k.inputs} | set(prog.outputs)
+    constants = {n: v for n, v in constants.items() if n in used}
+    return Program(prog.inputs, prog.outputs, kernels, constants)
+
+
+def inline_nested(expr: Expr) -> Expr:
+    """Inline every nested scope of the root that traversal merging can inline exactly."""
+    root = expr.root
+    changed = True
+    while changed:
+        changed = False
+        nested = [a for a in accesses(root.body) if isinstance(a.source, Scope)]
+        for pos in range(len(nested)):
+            new = inline(root, pos)
+            if new is not None:
+                root, changed = new, True
+                break
+    return Expr(expr.decls, root)
+
+
+def fuse_eops(prog: Program) -> Program:
+    """Fuse an eOperator into its only consumer when that is an eOperator too."""
+    kernels = list(prog.kernels)
+    changed = True
+    while changed:
+        changed = False
+        readers: dict[str, list[int]] = {}
+        for i, k in enumerate(kernels):
+            for n in set(k.inputs):
+                readers.setdefault(n, []).append(i)
+        for i, p in enumerate(kernels):
+            users = readers.get(p.output, [])
+            if p.kind != "eOp" or p.output in prog.outputs or len(users) != 1:
+                continue
+            c = kernels[users[0]]
+            if c.kind != "eOp":
+                continue
+            fused = inline_nested(expression_fusion(c.expr, p.output, p.expr))
+            inputs = tuple(n for n, _ in fused.decls if _reads(fused.root, n))
+            fused = Expr(tuple((n, s) for n, s in fused.decls if n in inputs), fused.root)
+            new = make_eop(fused.root, fused.inputs, c.output)
+            kernels[users[0]] = new
+            del kernels[i]
+            changed = True
+            break
+    return Program(prog.inputs, prog.outputs, kernels, prog.constants)
+
+
+def _reads(scope: Scope, name: str) -> bool:
+    for acc in accesses(scope.body):
+        if acc.source == name or (isinstance(acc.source, Scope) and _reads(acc.source, name)):
+            return True
+    return False
+
+
+def identity_view(k: Kernel) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """(offset, sizes, strides) when eOp ``k`` reads one tensor in flat order (a reshape or
+    a contiguous slice, every read in bounds), else None."""
+    root = k.expr.root
+    if k.kind != "eOp" or root.summation or not isinstance(root.body, Access) or \
+            not isinstance(root.body.source, str):
+        return None
+    acc = root.body
+    shape = k.expr.inputs[acc.source]
+    ranges = root.ranges
+    flat = 0
+    stride = 1
+    for idx, dim in zip(reversed(acc.indices), reversed(shape), strict=True):
+        lo, hi = idx.bounds(ranges)
+        if lo < 0 or hi >= dim:
+            return None  # padding: not a view
+        flat = idx * stride + flat
+        stride *= dim
+    flat = flat.simplify(ranges)
+    if not flat.is_linear:
+        return None
+    out_strides, s = [], 1
+    for it in reversed(root.traversal):
+        out_strides.append(s if it.size > 1 else 0)
+        s *= it.size
+    out_strides.reverse()
+    for it, want in zip(root.traversal, out_strides, strict=True):
+        if it.size > 1 and flat.coef(it.name) != want:
+            return None
+    offset = flat.const + sum(flat.coef(it.name) * it.lo for it in root.traversal)
+    sizes = tuple(it.size for it in root.traversal)
+    return offset, sizes, tuple(out_strides)
+
+
+def eliminate_identities(prog: Program) -> Program:
+    """Replace identity eOperators by zero-copy ``Alias`` kernels."""
+    kernels = []
+    for k in prog.kernels:
+        view = identity_view(k)
+        if view is None:
+            kernels.append(k)
+            continue
+        kernels.append(Kernel("Alias", {"view": [view[0], list(view[1]), list(view[2])]},
+                              k.inputs, k.output, k.expr))
+    return Program(prog.inputs, prog.outputs, kernels, prog.constants)
+
+
+def postprocess(prog: Program) -> Program:
+    """All passes: fold weights, fuse eOperators, eliminate identities, fold again."""
+    prog = fold_constants(prog)
+    prog = fuse_eops(prog)
+    prog = eliminate_identities(prog)
+    prog = fold_constants(prog)
+    prog.check()
+    return prog

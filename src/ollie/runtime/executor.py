@@ -1,0 +1,208 @@
+"""Executing a :class:`~ollie.program.program.Program`: each kernel compiled once into a
+callable, run in order on torch tensors, intermediate buffers reused.
+
+* library kernels (Matmul, Conv, G2BMM, GBMM) go through PyTorch (oneDNN / MKL on CPU,
+  cuBLAS / cuDNN on CUDA) and the band kernels of :mod:`ollie.runtime.library`;
+* eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
+  reference interpreter when asked (``backend="reference"``);
+* ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
+* ``Opaque`` kernels run a torch callable registered for the program (operators Ollie does not
+  rewrite, e.g. max pooling or softmax).
+
+Buffer planning: an intermediate tensor's storage returns to a pool after its last reader ran
+and is reused by a later eOperator output of the same size, so a program allocates about its
+peak working set once instead of one buffer per kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ollie.errors import ShapeError, UnsupportedError
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+from ollie.runtime import library
+
+log = logging.getLogger(__name__)
+Env = dict[str, torch.Tensor]
+KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
+
+OPAQUE_FUNCS: dict[str, Callable[..., torch.Tensor]] = {}
+"""Torch callables for ``Opaque`` kernels, by ``params["op"]`` (registered by frontends)."""
+
+
+def _conv_fn(k: Kernel) -> KernelFn:
+    p = k.params
+    symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
+    stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
+    alpha = float(p.get("alpha", 1.0))
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        if not symmetric:
+            return library.run_kernel(k, env)
+        x, w = library._input(k, 0, env), library._input(k, 1, env)
+        y = F.conv2d(x, w, stride=stride, padding=(int(p["ph"]), int(p["pw"])), dilation=dil)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _matmul_fn(k: Kernel) -> KernelFn:
+    alpha = float(k.params.get("alpha", 1.0))
+    shape = tuple(k.output_shape)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = library._input(k, 0, env), library._input(k, 1, env)
+        if out is not None and a.dim() == b.dim():
+            y = torch.matmul(a, b, out=out.view(*a.shape[:-1], b.shape[-1]))
+        else:
+            y = torch.matmul(a, b)
+        y = y.reshape(shape)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _eop_fn(k: Kernel, backend: str) -> KernelFn:
+    from ollie.codegen import compile_eop
+
+    fn = compile_eop(k.expr, backend=backend)
+    names = k.inputs
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        ins = {n: env[n] for n in names}
+        if backend == "cuda":
+            return fn(ins, out)
+        arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
+        res = fn(arrays, None if out is None else out.numpy())
+        return out if out is not None else torch.from_numpy(res)
+
+    return run
+
+
+def _alias_fn(k: Kernel) -> KernelFn:
+    offset, sizes, strides = k.params["view"]  # type: ignore[misc]
+    src = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        flat = env[src].contiguous().reshape(-1)
+        return torch.as_strided(flat, tuple(sizes), tuple(strides), int(offset))
+
+    return run
+
+
+def _opaque_fn(k: Kernel) -> KernelFn:
+    op = str(k.params.get("op"))
+    fn = OPAQUE_FUNCS.get(op)
+    if fn is None:
+        raise UnsupportedError(f"no runtime registered for opaque operator '{op}'")
+    attrs = dict(k.params.get("attrs", {}))  # type: ignore[arg-type]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        return fn(*(env[n] for n in k.inputs), **attrs)
+
+    return run
+
+
+def compile_kernel(k: Kernel, backend: str = "cpu") -> KernelFn:
+    """A callable ``(env, out) -> tensor`` executing ``k``; the result has the shape of the
+    kernel's expression (library operators compute it in a compatible flat layout)."""
+    fn = _compile(k, backend)
+    shape = tuple(k.output_shape)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        y = fn(env, out)
+        return y if tuple(y.shape) == shape else y.reshape(shape)
+
+    return run
+
+
+def _compile(k: Kernel, backend: str) -> KernelFn:
+    if k.kind == "eOp":
+        return _eop_fn(k, backend)
+    if k.kind == "Conv":
+        return _conv_fn(k)
+    if k.kind == "Matmul":
+        return _matmul_fn(k)
+    if k.kind == "Alias":
+        return _alias_fn(k)
+    if k.kind == "Opaque":
+        return _opaque_fn(k)
+    if k.kind in library.RUNNERS:
+        return lambda env, out: library.run_kernel(k, env)
+    raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")
+
+
+class CompiledProgram:
+    """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
+
+    def __init__(self, program: Program, device: str = "cpu", backend: str | None = None
+                 ) -> None:
+        program.check()
+        self.program = program
+        self.device = torch.device(device)
+        self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
+        self.constants = {n: torch.as_tensor(np.ascontiguousarray(v, dtype=np.float32),
+                                             device=self.device)
+                          for n, v in program.constants.items()}
+        self.fns = [compile_kernel(k, self.backend) for k in program.kernels]
+        self._plan()
+
+    def _plan(self) -> None:
+        """Which kernels write into a pooled buffer, and when buffers return to the pool."""
+        kernels = self.program.kernels
+        last_use: dict[str, int] = {}
+        for i, k in enumerate(kernels):
+            for n in k.inputs:
+                last_use[n] = i
+        keep = set(self.program.outputs) | {n for n, _ in self.program.inputs} | \
+            set(self.constants)
+        self.release: list[list[str]] = [[] for _ in kernels]
+        for name, i in last_use.items():
+            if name not in keep:
+                self.release[i].append(name)
+        aliased = {k.inputs[0] for k in kernels if k.kind == "Alias"}
+        # buffers of aliased tensors stay alive through their aliases: never pooled
+        self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
+                       k.output not in aliased for k in kernels]
+        self.pooled_names = {k.output for k, p in zip(kernels, self.pooled, strict=True) if p}
+
+    def run(self, inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
+        env: Env = dict(self.constants)
+        for name, shape in self.program.inputs:
+            if name not in inputs:
+                raise ShapeError(f"missing input '{name}' (expected shape {list(shape)})")
+            t = torch.as_tensor(inputs[name], dtype=torch.float32, device=self.device)
+            if tuple(t.shape) != tuple(shape):
+                raise ShapeError(f"input '{name}' has shape {list(t.shape)}, expected "
+                                 f"{list(shape)}")
+            env[name] = t.contiguous()
+        pool: dict[int, list[torch.Tensor]] = {}
+        for k, fn, pooled, release in zip(self.program.kernels, self.fns, self.pooled,
+                                          self.release, strict=True):
+            out = None
+            if pooled:
+                numel = int(np.prod(k.output_shape))
+                free = pool.get(numel)
+                out = free.pop().view(tuple(k.output_shape)) if free else \
+                    torch.empty(tuple(k.output_shape), device=self.device)
+            env[k.output] = fn(env, out)
+            for name in release:
+                t = env.pop(name, None)
+                if t is not None and name in self.pooled_names:
+                    pool.setdefault(t.numel(), []).append(t)
+        return {n: env[n] for n in self.program.outputs}
+
+    def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        names = [n for n, _ in self.program.inputs]
+        if len(args) != len(names):
+            raise ShapeError(f"program takes {len(names)} input(s) ({', '.join(names)}), "
+                             f"got {len(args)}")
+        outs = self.run(dict(zip(names, args, strict=True)))
+        res = tuple(outs[n] for n in self.program.outputs)
+        return res[0] if len(res) == 1 else res

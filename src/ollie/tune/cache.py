@@ -1,0 +1,63 @@
+"""Persistent cost cache (SQLite): measured seconds keyed by what was measured.
+
+A key is a string the caller builds from the candidate program's identity (the fingerprint
+of its kernel sequence), the input shapes and the device description, so re-optimising the
+same model on the same machine reuses every measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sqlite3
+import time
+from pathlib import Path
+
+import torch
+
+
+def default_cache_dir() -> Path:
+    """``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie``."""
+    env = os.environ.get("OLLIE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "ollie"
+
+
+def device_key(device: str) -> str:
+    """A description of the device measurements are valid for."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name()}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu:{platform.machine()}:{platform.processor() or '-'}:{cores}c:" \
+           f"torch{torch.__version__}:threads{torch.get_num_threads()}"
+
+
+class CostCache:
+    """``get(key)`` / ``put(key, seconds)`` backed by an SQLite file (or memory)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        if path is None:
+            path = default_cache_dir() / "costs.sqlite"
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path)
+        self.db.execute("CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, "
+                        "seconds REAL NOT NULL, created REAL NOT NULL)")
+        self.db.commit()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> float | None:
+        row = self.db.execute("SELECT seconds FROM costs WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return float(row[0])
+
+    def put(self, key: str, seconds: float) -> None:
+        self.db.execute("INSERT OR REPLACE INTO costs VALUES (?, ?, ?)",
+                        (key, float(seconds), time.time()))
+        self.db.commit()
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,82 @@
+"""Candidates become programs: post-processing keeps them exact, the executor runs them with
+pooled buffers, programs save and load, measured selection keeps the fastest."""
+
+import numpy as np
+import pytest
+import torch
+
+import ollie
+from ollie.bench.cases import CASES
+from ollie.optimizer.select import candidate_program, select
+from ollie.program.postprocess import eliminate_identities, fuse_eops, identity_view
+from ollie.program.program import Program
+from ollie.runtime.executor import CompiledProgram
+from ollie.semantics.check import random_inputs
+from ollie.tune.cache import CostCache
+
+
+@pytest.fixture(scope="module")
+def conv_result():
+    expr = ollie.parse(CASES["conv3x3"].small)
+    return expr, ollie.derive(expr, max_depth=1, time_budget=30.0, max_candidates=12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_postprocessed_candidates_stay_exact(conv_result, backend, tmp_path):
+    expr, res = conv_result
+    inputs = random_inputs(expr, seed=3)
+    want = ollie.interpret(expr, inputs)
+    for cand in res.candidates:
+        prog = candidate_program(cand, expr, {"K": inputs["K"]})
+        assert "K" not in dict(prog.inputs)  # the weight is a constant now
+        # weight-only kernels were evaluated at optimisation time
+        assert all(not set(k.inputs) <= set(prog.constants) for k in prog.kernels)
+        got = CompiledProgram(prog, backend=backend).run({"A": inputs["A"]})[prog.outputs[0]]
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+        prog.save(tmp_path / "p")
+        again = Program.load(tmp_path / "p")
+        got2 = CompiledProgram(again, backend=backend).run({"A": inputs["A"]})
+        np.testing.assert_allclose(got2[again.outputs[0]].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_eop_fusion_and_identity_elimination():
+    from ollie.match.eop import make_eop
+
+    a = ollie.parse("A: [4, 6]\nL<i=0:4, j=0:6> A[i, j] * 2").root
+    b = ollie.parse("T: [4, 6]\nL<x=0:24> T[x / 6, x % 6]").root     # a reshape: identity
+    c = ollie.parse("U: [24]\nL<x=0:24> relu(U[x] + 1)").root
+    k1 = make_eop(a, {"A": (4, 6)}, "T")
+    k2 = make_eop(b, {"T": (4, 6)}, "U")
+    k3 = make_eop(c, {"U": (24,)}, "V")
+    assert identity_view(k2) == (0, (24,), (1,))
+    prog = Program((("A", (4, 6)),), ("V",), [k1, k2, k3])
+    fused = fuse_eops(prog)
+    assert len(fused.kernels) == 1 and fused.kernels[0].kind == "eOp"
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    want = np.maximum(x.reshape(-1) * 2 + 1, 0)
+    got = CompiledProgram(fused, backend="reference").run({"A": x})["V"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # without fusion, the reshape becomes a zero-copy alias
+    aliased = eliminate_identities(Program((("A", (4, 6)),), ("V",), [k1, k2, k3]))
+    assert [k.kind for k in aliased.kernels] == ["eOp", "Alias", "eOp"]
+    got = CompiledProgram(aliased, backend="reference").run({"A": x})["V"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_select_measures_and_caches(conv_result, tmp_path):
+    expr, res = conv_result
+    inputs = random_inputs(expr, seed=4)
+    a, k = torch.as_tensor(inputs["A"]), torch.as_tensor(inputs["K"])
+    cache = CostCache(tmp_path / "c.sqlite")
+
+    def baseline():
+        return torch.nn.functional.conv2d(a, k, padding=1)
+
+    sel = select(expr, res.candidates, baseline, inputs, {"K": inputs["K"]}, cache=cache,
+                 limit=4)
+    assert sel.measured and sel.best.seconds <= sel.baseline.seconds
+    assert not sel.rejected
+    again = select(expr, res.candidates, baseline, inputs, {"K": inputs["K"]}, cache=cache,
+                   limit=4)
+    assert again.baseline.cached and all(m.cached for m in again.measured)
+    assert [m.seconds for m in again.measured] == [m.seconds for m in sel.measured]
