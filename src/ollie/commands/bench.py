@@ -22,10 +22,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--out", default="benchmarks/results", help="output folder")
 
 
+    o = sub.add_parser("ops", help="operator-level benchmark (the paper's Table 3)")
+    o.add_argument("--cases", nargs="+", default=None,
+                   help="cases (default: conv3x3 convtranspose conv5x5 g2bmm)")
+    o.add_argument("--budget", type=float, default=60.0, help="search seconds per case")
+    o.add_argument("--device", default="cpu", help="cpu or cuda")
+    o.add_argument("--out", default="benchmarks/results", help="output folder")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.bench == "search":
         from ollie.bench import search
 
         return search.main(tuple(args.cases or search.DEFAULT_CASES), args.depths, args.budget,
                            args.out)
+    if args.bench == "ops":
+        from ollie.bench import ops
+
+        return ops.main(tuple(args.cases or ops.DEFAULT_CASES), args.budget, args.device,
+                        args.out)
     raise AssertionError(args.bench)

@@ -38,3 +38,26 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
             if len(times) >= 1000:
                 break
     return statistics.median(times)
+
+
+def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
+                        rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0
+                        ) -> dict[str, float]:
+    """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
+    so that a noisy machine affects all of them alike; ratios are then meaningful."""
+    with torch.inference_mode():
+        for fn in fns.values():
+            for _ in range(warmup):
+                fn()
+        _sync(device)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        start = time.perf_counter()
+        for r in range(rounds):
+            for name, fn in fns.items():
+                t = time.perf_counter()
+                fn()
+                _sync(device)
+                times[name].append(time.perf_counter() - t)
+            if r >= 2 and time.perf_counter() - start > max_seconds:
+                break
+    return {name: statistics.median(ts) for name, ts in times.items()}

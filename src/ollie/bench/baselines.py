@@ -1,0 +1,69 @@
+"""Baselines the benchmarks compare with: PyTorch eager, ONNX Runtime (all optimisations,
+threads = cores) and plain-PyTorch formulations of G2BMM / GBMM."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def ort_session(model_bytes: bytes):
+    """An ONNX Runtime CPU session with every graph optimisation and threads = cores."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = cores()
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def ort_single_op(op: str, inputs: dict[str, np.ndarray], weights: dict[str, np.ndarray],
+                  out_shape: tuple[int, ...], **attrs) -> Callable[[], object]:
+    """A callable running one ONNX operator (weights as initializers) in ONNX Runtime."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node(op, [*inputs, *weights], ["Y"], **attrs)
+    graph = helper.make_graph(
+        [node], "op",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape))
+         for n, v in inputs.items()],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(out_shape))],
+        [numpy_helper.from_array(v.astype(np.float32), n) for n, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    sess = ort_session(model.SerializeToString())
+    feed = {n: v.astype(np.float32) for n, v in inputs.items()}
+    return lambda: sess.run(None, feed)
+
+
+def g2bmm_formulations(q: torch.Tensor, k: torch.Tensor, w: int, d: int
+                       ) -> dict[str, Callable[[], torch.Tensor]]:
+    """Plain PyTorch ways to compute a (dilated) G2BMM; the benchmark keeps the fastest."""
+    b, m, kk = q.shape
+    pad = d * w
+
+    def shifted_loop() -> torch.Tensor:
+        kp = F.pad(k, (0, 0, pad, pad))
+        out = q.new_empty(b, m, 2 * w + 1)
+        for j in range(2 * w + 1):
+            out[:, :, j] = (q * kp[:, j * d: j * d + m]).sum(-1)
+        return out
+
+    def windows_bmm() -> torch.Tensor:
+        kp = F.pad(k, (0, 0, pad, pad)).contiguous()
+        s = kp.stride()
+        win = kp.as_strided((b, m, 2 * w + 1, kk), (s[0], s[1], d * s[1], s[2]))
+        return torch.matmul(win, q.unsqueeze(-1)).squeeze(-1)
+
+    return {"shifted slices": shifted_loop, "strided windows + matmul": windows_bmm}
