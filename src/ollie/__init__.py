@@ -7,11 +7,26 @@ from ollie.errors import ExprError, OllieError, ParseError, ShapeError, Unsuppor
 from ollie.fingerprint import FingerprintSet, canonical_form, fingerprint
 from ollie.ir import Expr, parse
 from ollie.ir import format_expr as format
+from ollie.optimizer.model import OptimizeConfig, load, optimize
 from ollie.search import derive
 from ollie.semantics import interpret
 
 __all__ = [
-    "Expr", "ExprError", "FingerprintSet", "OllieError", "ParseError", "ShapeError",
-    "UnsupportedError", "canonical_form", "derive", "fingerprint", "format", "interpret", "parse",
+    "Expr",
+    "ExprError",
+    "FingerprintSet",
+    "OllieError",
+    "OptimizeConfig",
+    "ParseError",
+    "ShapeError",
+    "UnsupportedError",
+    "canonical_form",
+    "derive",
+    "fingerprint",
+    "format",
+    "interpret",
+    "load",
+    "optimize",
+    "parse",
 ]
 __version__ = "0.1.0"

@@ -5,6 +5,10 @@ of API.md (``params``) and, always, the exact expression it computes (``expr``),
 inputs are the kernel's input tensors. ``expr`` is the oracle: whatever backend executes the
 kernel must agree with ``ollie.interpret(kernel.expr, ...)``.
 
+A ``Node`` kernel runs one graph operator that Ollie does not rewrite (max pooling, softmax,
+an operator kept opaque, or an original operator that measured faster than every candidate)
+with the reference executor of :mod:`ollie.graph`; it has no expression, only a ``shape``.
+
 A library kernel may read an operand through a :class:`View` (offset and strides into the
 operand's flat storage, as BLAS and ``torch.as_strided`` take them) instead of a copy.
 """
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ollie.ir import Expr
 
-KINDS = ("Matmul", "Conv", "G2BMM", "GBMM", "eOp")
+KINDS = ("Matmul", "Conv", "G2BMM", "GBMM", "eOp", "Alias", "Node")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +41,15 @@ class Kernel:
     params: Mapping[str, object]
     inputs: tuple[str, ...]
     output: str
-    expr: Expr
+    expr: Expr | None
     views: tuple[View | None, ...] = field(default=())
+    shape: tuple[int, ...] | None = None  # for kernels without an expression ("Node")
 
     @property
     def output_shape(self) -> tuple[int, ...]:
+        if self.expr is None:
+            assert self.shape is not None
+            return self.shape
         return self.expr.shape
 
     def to_json(self) -> dict:

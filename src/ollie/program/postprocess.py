@@ -38,7 +38,7 @@ def fold_constants(prog: Program, backend: str = "reference") -> Program:
     constants = dict(prog.constants)
     kernels = []
     for k in prog.kernels:
-        if k.kind != "Opaque" and k.inputs and all(n in constants for n in k.inputs) and \
+        if k.kind != "Node" and k.inputs and all(n in constants for n in k.inputs) and \
                 k.output not in prog.outputs:
             env = {n: torch.as_tensor(constants[n]) for n in k.inputs}
             out = compile_kernel(k, backend)(env, None)
@@ -105,8 +105,10 @@ def _reads(scope: Scope, name: str) -> bool:
 def identity_view(k: Kernel) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
     """(offset, sizes, strides) when eOp ``k`` reads one tensor in flat order (a reshape or
     a contiguous slice, every read in bounds), else None."""
+    if k.kind != "eOp" or k.expr is None:
+        return None
     root = k.expr.root
-    if k.kind != "eOp" or root.summation or not isinstance(root.body, Access) or \
+    if root.summation or not isinstance(root.body, Access) or \
             not isinstance(root.body.source, str):
         return None
     acc = root.body

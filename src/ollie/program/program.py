@@ -8,7 +8,9 @@ each kernel's expression as text, re-parsed on load) and ``constants.npz``.
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,17 +94,27 @@ class Program:
 
 def kernel_to_json(k: Kernel) -> dict:
     params = {p: v for p, v in k.params.items() if _jsonable(v)}
-    return {"kind": k.kind, "params": params, "inputs": list(k.inputs), "output": k.output,
-            "expr": format_expr(k.expr),
-            "views": [None if v is None else [v.offset, list(v.sizes), list(v.strides)]
-                      for v in k.views]}
+    doc = {"kind": k.kind, "params": params, "inputs": list(k.inputs), "output": k.output,
+           "expr": None if k.expr is None else format_expr(k.expr),
+           "views": [None if v is None else [v.offset, list(v.sizes), list(v.strides)]
+                     for v in k.views],
+           "shape": None if k.shape is None else list(k.shape)}
+    if k.kind == "Node":
+        # the graph node (its attributes may hold torch callables or ONNX protos): pickled;
+        # load programs only from sources you trust, as with any pickle
+        doc["node"] = base64.b64encode(pickle.dumps(k.params["node"])).decode()
+    return doc
 
 
 def kernel_from_json(d: Mapping) -> Kernel:
     views = tuple(None if v is None else View(v[0], tuple(v[1]), tuple(v[2]))
                   for v in d.get("views", ()))
-    return Kernel(d["kind"], dict(d["params"]), tuple(d["inputs"]), d["output"],
-                  parse(d["expr"]), views)
+    params = dict(d["params"])
+    if d["kind"] == "Node":
+        params["node"] = pickle.loads(base64.b64decode(d["node"]))
+    return Kernel(d["kind"], params, tuple(d["inputs"]), d["output"],
+                  None if d["expr"] is None else parse(d["expr"]), views,
+                  None if d.get("shape") is None else tuple(d["shape"]))
 
 
 def _jsonable(v: object) -> bool:

@@ -6,8 +6,8 @@ callable, run in order on torch tensors, intermediate buffers reused.
 * eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
   reference interpreter when asked (``backend="reference"``);
 * ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
-* ``Opaque`` kernels run a torch callable registered for the program (operators Ollie does not
-  rewrite, e.g. max pooling or softmax).
+* ``Node`` kernels run one graph operator with the reference executor of :mod:`ollie.graph`
+  (operators Ollie does not rewrite, e.g. max pooling or softmax).
 
 Buffer planning: an intermediate tensor's storage returns to a pool after its last reader ran
 and is reused by a later eOperator output of the same size, so a program allocates about its
@@ -31,10 +31,6 @@ from ollie.runtime import library
 log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
-
-OPAQUE_FUNCS: dict[str, Callable[..., torch.Tensor]] = {}
-"""Torch callables for ``Opaque`` kernels, by ``params["op"]`` (registered by frontends)."""
-
 
 def _conv_fn(k: Kernel) -> KernelFn:
     p = k.params
@@ -96,15 +92,17 @@ def _alias_fn(k: Kernel) -> KernelFn:
     return run
 
 
-def _opaque_fn(k: Kernel) -> KernelFn:
-    op = str(k.params.get("op"))
-    fn = OPAQUE_FUNCS.get(op)
-    if fn is None:
-        raise UnsupportedError(f"no runtime registered for opaque operator '{op}'")
-    attrs = dict(k.params.get("attrs", {}))  # type: ignore[arg-type]
+def _node_fn(k: Kernel) -> KernelFn:
+    from ollie.graph import run_node
+
+    node = k.params["node"]
+    extra = list(node.outputs[1:])  # type: ignore[attr-defined]
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
-        return fn(*(env[n] for n in k.inputs), **attrs)
+        outs = run_node(node, [env[n] for n in k.inputs])  # type: ignore[arg-type]
+        for name, t in zip(extra, outs[1:], strict=True):
+            env[name] = t
+        return outs[0]
 
     return run
 
@@ -131,8 +129,8 @@ def _compile(k: Kernel, backend: str) -> KernelFn:
         return _matmul_fn(k)
     if k.kind == "Alias":
         return _alias_fn(k)
-    if k.kind == "Opaque":
-        return _opaque_fn(k)
+    if k.kind == "Node":
+        return _node_fn(k)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)
     raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")

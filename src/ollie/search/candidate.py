@@ -89,7 +89,9 @@ def program_key(kernels: Sequence[Kernel]) -> str:
     defs: dict[str, str] = {}
     parts = []
     for k in kernels:
-        fp = fingerprint(k.expr, defs)
+        fp = fingerprint(k.expr, defs) if k.expr is not None else \
+            repr(k.params.get("node")) + repr(k.shape) + "".join(defs.get(n, n)
+                                                                 for n in k.inputs)
         params = sorted((p, v) for p, v in k.params.items() if isinstance(v, (int, bool, float)))
         defs[k.output] = fp + k.kind
         parts.append(fp + k.kind + repr(params))

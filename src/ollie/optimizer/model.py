@@ -1,0 +1,320 @@
+"""The program-level optimizer (paper Algorithm 1): ``ollie.optimize(model, ...)``.
+
+1. Frontend: a ``torch.nn.Module`` (torch.export), an ``.onnx`` path or an ``onnx.ModelProto``
+   becomes a graph; BatchNorm is folded into convolutions, identities removed.
+2. The graph splits at its non-linear and opaque operators: every compute operator (Conv,
+   ConvTranspose, MatMul, Gemm, G2BMM, GBMM) is a subprogram; the element-wise and layout
+   operators around them become eOperators (fused with their neighbours later); operators
+   without an expression (max pooling, softmax, unknown ones) run as they are (``Node``).
+3. Each subprogram's expression is derived (hybrid derivation); identical subprograms (same
+   expression up to tensor names: repeated blocks) are searched and measured once.
+4. Measured selection against the original operator keeps the fastest verified program, so
+   no subprogram gets slower.
+5. Post-processing over the whole program: weights transformed at optimisation time, eOperator
+   fusion across subprogram boundaries (an OffsetAdd with the following bias and ReLU),
+   identity elimination.
+6. The optimised program is checked against the original model on random inputs before it is
+   returned; if it disagrees, Ollie falls back to the original operators and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ollie.errors import OllieError
+from ollie.fingerprint import fingerprint
+from ollie.graph import Graph, Node, run_graph, run_node
+from ollie.ir import Expr
+from ollie.optimizer.rename import rename_expr, rename_kernels
+from ollie.optimizer.select import select
+from ollie.program.kernel import Kernel
+from ollie.program.postprocess import postprocess
+from ollie.program.program import Program
+from ollie.runtime.executor import CompiledProgram
+from ollie.search import SearchConfig, derive
+from ollie.search.instantiate import Instantiator
+from ollie.tune.cache import CostCache
+
+log = logging.getLogger(__name__)
+COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """Settings of :func:`optimize` (the CLI maps its flags onto these)."""
+
+    device: str = "cpu"
+    max_depth: int = 2
+    time_budget: float = 30.0     # seconds of search per distinct subprogram
+    max_candidates: int = 8       # candidates measured per subprogram
+    use_cache: bool = True
+    check_rtol: float = 1e-3
+    seed: int = 0
+
+
+@dataclass
+class SubprogramReport:
+    """What happened to one compute operator."""
+
+    node: str
+    op: str
+    original: str
+    chosen: str
+    derivation: list[str]
+    original_ms: float
+    optimized_ms: float
+    reused: bool = False
+    candidates: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class OptimizedModel:
+    """A callable optimised program with its report; ``save`` / :func:`load`."""
+
+    program: Program
+    report: list[SubprogramReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    input_names: tuple[str, ...] = ()
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self._compiled = CompiledProgram(self.program, self.device)
+
+    def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return self._compiled(*inputs)
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        self.program.save(path)
+        (Path(path) / "report.json").write_text(json.dumps(
+            {"report": [r.to_json() for r in self.report], "notes": self.notes}, indent=1))
+
+    def summary(self) -> str:
+        lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
+        for r in self.report:
+            sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
+            lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
+                         f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
+                         + (" (reused)" if r.reused else ""))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
+    """Load a program saved by :meth:`OptimizedModel.save`."""
+    import json
+
+    prog = Program.load(path)
+    report, notes = [], []
+    rp = Path(path) / "report.json"
+    if rp.exists():
+        doc = json.loads(rp.read_text())
+        report = [SubprogramReport(**r) for r in doc.get("report", [])]
+        notes = doc.get("notes", [])
+    return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+
+
+# --------------------------------------------------------------------- frontend
+def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | None) -> Graph:
+    """The graph of a torch module, an ONNX path or an ONNX ModelProto."""
+    from ollie.frontend import from_onnx, from_torch
+    from ollie.graph.passes import eliminate_identity, fold_batchnorm
+
+    if isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise OllieError("optimize(module, example_inputs): example inputs are needed to "
+                             "trace a torch module")
+        graph = from_torch(model, tuple(example_inputs))
+    elif isinstance(model, (str, Path)) or type(model).__name__ == "ModelProto":
+        shapes = None
+        if example_inputs is not None:
+            graph0 = from_onnx(model)
+            shapes = {n: tuple(t.shape) for (n, _), t in zip(graph0.inputs, example_inputs,
+                                                              strict=False)}
+        graph = from_onnx(model, input_shapes=shapes) if shapes else from_onnx(model)
+    else:
+        raise OllieError(f"cannot optimize a {type(model).__name__}: expected a "
+                         "torch.nn.Module, an .onnx path or an onnx.ModelProto")
+    return fold_batchnorm(eliminate_identity(graph))
+
+
+# --------------------------------------------------------------------- the optimizer
+@dataclass
+class _Outcome:
+    """The decision for one distinct subprogram (shared by identical ones)."""
+
+    kernels: list[Kernel] | None    # the chosen candidate's kernels, None: the original
+    output: str | None
+    label: str
+    derivation: list[str]
+    original_s: float
+    optimized_s: float
+    candidates: int
+
+
+class _Optimizer:
+    def __init__(self, graph: Graph, config: OptimizeConfig,
+                 progress: Callable[[str, int, int], None] | None) -> None:
+        self.graph = graph
+        self.config = config
+        self.progress = progress
+        self.cache = CostCache() if config.use_cache else None
+        self.memo: dict[str, _Outcome] = {}
+        self.report: list[SubprogramReport] = []
+        self.notes: list[str] = []
+        self.constants: dict[str, np.ndarray] = {
+            n: np.asarray(v, dtype=np.float32) for n, v in graph.initializers.items()}
+        self.rng = np.random.default_rng(config.seed)
+
+    def run(self) -> Program:
+        kernels: list[Kernel] = []
+        total = sum(n.op in COMPUTE_OPS for n in self.graph.nodes)
+        done = 0
+        for node in self.graph.nodes:
+            if node.op in COMPUTE_OPS:
+                if self.progress:
+                    self.progress(node.name, done, total)
+                kernels += self.compute_node(node)
+                done += 1
+            else:
+                kernels += self.other_node(node)
+        if self.progress:
+            self.progress("", done, total)
+        inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
+        return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
+
+    def node_kernel(self, node: Node) -> list[Kernel]:
+        """The node run as it is, by the reference executor."""
+        return [Kernel("Node", {"node": node, "op": node.op}, tuple(node.inputs),
+                       node.outputs[0], None, (), tuple(self.graph.shape(node.outputs[0])))]
+
+    def other_node(self, node: Node) -> list[Kernel]:
+        """Element-wise / layout operators as eOperators; the rest run as they are."""
+        if node.opaque or len(node.outputs) != 1:
+            return self.node_kernel(node)
+        try:
+            low = self.graph.lower_node(node)
+        except OllieError as exc:
+            log.info("%s runs as is: %s", node.describe(), exc)
+            return self.node_kernel(node)
+        opts = Instantiator(("Matmul",)).complete(low.expr)
+        if not opts:
+            return self.node_kernel(node)
+        self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
+        return rename_kernels(list(opts[0].kernels), {}, opts[0].output, node.outputs[0],
+                              prefix=node.name)
+
+    def compute_node(self, node: Node) -> list[Kernel]:
+        try:
+            low = self.graph.lower_node(node)
+        except OllieError as exc:
+            self.note(f"{node.describe()}: kept as is ({exc})")
+            return self.node_kernel(node)
+        self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
+        expr, names = canonical_names(low.expr)
+        weights = {canon: self.constants[orig] for orig, canon in names.items()
+                   if orig in self.constants}
+        key = fingerprint(expr)
+        reused = key in self.memo
+        if not reused:
+            self.memo[key] = self.search(node, expr, weights)
+        out = self.memo[key]
+        self.report.append(SubprogramReport(node.name, node.op, node.op, out.label,
+                                            out.derivation, out.original_s * 1e3,
+                                            out.optimized_s * 1e3, reused, out.candidates))
+        if out.kernels is None:
+            return self.node_kernel(node)
+        inverse = {canon: orig for orig, canon in names.items()}
+        return rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
+                              prefix=node.name)
+
+    def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray]) -> _Outcome:
+        cfg = self.config
+        inputs = {n: (weights[n] if n in weights else
+                      self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
+        res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
+                     config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
+        feed = [torch.as_tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
+        canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
+                     dict(node.attrs), node.name)
+        sel = select(expr, res.candidates, lambda: run_node(canon, feed), inputs, weights,
+                     cfg.device, self.cache, limit=cfg.max_candidates)
+        best = sel.best
+        ncand = res.stats["candidates"]
+        if best.program is None or best.candidate is None:
+            return _Outcome(None, None, "original operator", [], sel.baseline.seconds,
+                            sel.baseline.seconds, ncand)
+        cand = best.candidate
+        return _Outcome(list(cand.kernels), cand.output, best.program.summary(),
+                        cand.derivation, sel.baseline.seconds, best.seconds, ncand)
+
+    def note(self, text: str) -> None:
+        log.warning(text)
+        self.notes.append(text)
+
+
+def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
+    """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
+    identical subprograms fingerprint alike), and the renaming."""
+    names = {n: f"x{i}" for i, (n, _) in enumerate(expr.decls)}
+    return rename_expr(expr, names), names
+
+
+def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None,
+             device: str = "cpu", config: OptimizeConfig | None = None,
+             progress: Callable[[str, int, int], None] | None = None, **overrides: object
+             ) -> OptimizedModel:
+    """Optimise a model (API.md): returns a callable program with a ``report``."""
+    cfg = replace(config or OptimizeConfig(), device=device, **overrides)
+    t0 = time.perf_counter()
+    graph = to_graph(model, example_inputs)
+    opt = _Optimizer(graph, cfg, progress)
+    raw = opt.run()
+    prog = postprocess(raw)
+    notes = list(opt.notes)
+    prog = _checked(graph, prog, raw, cfg, notes)
+    notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
+    return OptimizedModel(prog, opt.report, notes, tuple(graph.input_names), device)
+
+
+def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
+             notes: list[str]) -> Program:
+    """The first of (post-processed, raw, original operators) that matches the original
+    model on random inputs."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
+             for n, s in graph.inputs}
+    want = run_graph(graph, feeds)
+    for label, candidate in (("optimised", prog), ("without post-processing", raw)):
+        try:
+            got = CompiledProgram(candidate, cfg.device).run(feeds)
+        except OllieError as exc:
+            notes.append(f"{label} program failed to run: {exc}")
+            continue
+        err = max(_rel_err(got[o], want[o]) for o in graph.outputs)
+        if err <= cfg.check_rtol:
+            notes.append(f"checked against the original model: max relative error {err:.2e}")
+            return candidate
+        notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
+    notes.append("falling back to the original operators")
+    nodes = [k for n in graph.nodes for k in _Optimizer(graph, cfg, None).node_kernel(n)]
+    return Program(raw.inputs, raw.outputs, nodes, dict(graph.initializers))
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+__all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]
