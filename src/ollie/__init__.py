@@ -30,3 +30,12 @@ __all__ = [
     "parse",
 ]
 __version__ = "0.1.0"
+
+
+def _register_torch_compile_backend() -> None:
+    from ollie.optimizer.backend import register
+
+    register()
+
+
+_register_torch_compile_backend()

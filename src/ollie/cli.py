@@ -40,7 +40,10 @@ def _not_implemented(args: argparse.Namespace) -> int:
 
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"demo": _cmd_demo}
-_MODULES = {"derive": "ollie.commands.derive", "bench": "ollie.commands.bench"}
+_MODULES = {"derive": "ollie.commands.derive", "bench": "ollie.commands.bench",
+            "optimize": "ollie.commands.optimize"}
+_EXTRA = {"run": ("ollie.commands.optimize", "add_run_arguments", "run_program"),
+          "zoo": ("ollie.commands.optimize", None, "run_zoo")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(_MODULES[name])
             module.add_arguments(p)
             _HANDLERS[name] = module.run
+        elif name in _EXTRA:
+            mod_name, add, handler = _EXTRA[name]
+            module = importlib.import_module(mod_name)
+            if add:
+                getattr(module, add)(p)
+            _HANDLERS[name] = getattr(module, handler)
     return parser
 
 

@@ -1,0 +1,106 @@
+"""``ollie optimize MODEL`` (an .onnx path or ``zoo:NAME``), ``ollie run OUT``, ``ollie zoo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ollie.errors import OllieError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path/to/model.onnx, or zoo:NAME (see 'ollie zoo')")
+    p.add_argument("--batch", type=int, default=1, help="batch size (zoo models; default 1)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("-o", "--output", default=None,
+                   help="folder to save the optimised program (default: NAME.ollie)")
+    p.add_argument("--time-budget", type=float, default=30.0,
+                   help="search seconds per distinct subprogram (default 30)")
+    p.add_argument("--max-depth", type=int, default=2, help="explorative depth (default 2)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] | None, str]:
+    """(model, example inputs or None, a short name) for ``zoo:NAME`` or an ONNX path."""
+    if spec.startswith("zoo:"):
+        import ollie.zoo
+
+        name = spec[4:]
+        if name not in ollie.zoo.MODELS:
+            raise OllieError(f"unknown zoo model '{name}' (known: {', '.join(ollie.zoo.NAMES)})")
+        module, inputs = ollie.zoo.get(name, batch=batch)
+        return module, tuple(inputs), name
+    path = Path(spec)
+    if not path.is_file():
+        raise OllieError(f"{spec}: no such model file")
+    return str(path), None, path.stem
+
+
+def run(args: argparse.Namespace) -> int:
+    from ollie.optimizer.model import optimize
+
+    model, inputs, name = load_model(args.model, args.batch)
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc=f"optimizing {name}", unit="subprogram", leave=False)
+
+    def progress(node: str, done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.n = done
+            bar.set_postfix_str(node)
+            bar.refresh()
+
+    try:
+        opt = optimize(model, inputs, device=args.device, time_budget=args.time_budget,
+                       max_depth=args.max_depth, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    out = Path(args.output or f"{name}.ollie")
+    opt.save(out)
+    if args.json:
+        print(json.dumps({"model": name, "output": str(out),
+                          "report": [r.to_json() for r in opt.report], "notes": opt.notes}))
+    else:
+        print(opt.summary())
+        print(f"saved to {out}")
+    return 0
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", help="folder written by 'ollie optimize'")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--repeats", type=int, default=20)
+
+
+def run_program(args: argparse.Namespace) -> int:
+    import ollie
+    from ollie.tune.measure import measure
+
+    opt = ollie.load(args.program, device=args.device)
+    feeds = [torch.randn(s, device=args.device) for _, s in opt.program.inputs]
+    t0 = time.perf_counter()
+    out = opt(*feeds)
+    first = time.perf_counter() - t0
+    secs = measure(lambda: opt(*feeds), args.device, repeats=args.repeats)
+    outs = out if isinstance(out, tuple) else (out,)
+    shapes = ", ".join(str(list(o.shape)) for o in outs)
+    print(f"{args.program}: {len(opt.program.kernels)} kernels, output {shapes}; first run "
+          f"{first * 1e3:.2f} ms, median {secs * 1e3:.3f} ms over {args.repeats} runs")
+    return 0
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    import ollie.zoo
+
+    for name, spec in ollie.zoo.MODELS.items():
+        print(f"{name:12} {getattr(spec, 'description', '')}")
+    return 0

@@ -1,0 +1,140 @@
+"""from_torch on small modules: operator coverage, constants, opaque fallback, outputs, and the
+make_fx fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ollie.errors import OllieError
+from ollie.frontend import from_torch
+from ollie.graph import run_graph
+
+
+def check(module: nn.Module, *inputs: torch.Tensor, ops: dict[str, int] | None = None):
+    module.eval()
+    graph = from_torch(module, inputs)
+    if ops is not None:
+        assert graph.op_counts() == ops
+    with torch.no_grad():
+        want = module(*inputs)
+    got = graph(*inputs)
+    if isinstance(want, torch.Tensor):
+        want, got = (want,), (got,)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    for node in graph.lowerable_nodes():
+        assert tuple(graph.lower_node(node).output_shape) == graph.shapes[node.outputs[0]]
+    return graph
+
+
+class Mixed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.bn.running_mean.uniform_(-0.5, 0.5)
+        self.bn.running_var.uniform_(0.5, 1.5)
+        self.deconv = nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.leaky_relu(self.bn(self.conv(x)), 0.1)
+        y = F.avg_pool2d(F.max_pool2d(y, 2, ceil_mode=True), 1)
+        y = torch.sigmoid(self.deconv(y)) * 2.0 + 1.0 - y.mean(dim=(2, 3), keepdim=True)[:, :2]
+        y = F.adaptive_avg_pool2d(y, (2, 2))
+        y = torch.flatten(y, 1)
+        return torch.softmax(self.fc(y), dim=-1)
+
+
+def test_mixed_cnn() -> None:
+    graph = check(Mixed(), torch.randn(2, 3, 16, 16))
+    counts = graph.op_counts()
+    for op in ("Conv2d", "BatchNorm", "LeakyRelu", "MaxPool2d", "AvgPool2d", "ConvTranspose2d",
+               "Sigmoid", "Mul", "Add", "Sub", "GlobalAveragePool", "Reshape", "Gemm",
+               "Softmax"):
+        assert op in counts, op
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 4))
+        self.lin = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.w.t() * 0.5  # a constant subgraph: folded into an initializer
+        s = torch.bmm(x, x.transpose(1, 2)) / 2.0
+        a = torch.cat([torch.softmax(s, -1) @ x, self.lin(x)], dim=-1)
+        h = torch.matmul(a.permute(0, 2, 1).contiguous().reshape(2, -1, 4), w)
+        return torch.tanh(h).exp().unsqueeze(1).squeeze(1), z
+
+
+def test_attention_like_and_multiple_outputs() -> None:
+    graph = check(Attention(), torch.randn(2, 3, 4), torch.randn(5))
+    counts = graph.op_counts()
+    assert counts["MatMul"] == 4 and counts["Concat"] == 1 and counts["Identity"] == 1
+    assert "Opaque" not in " ".join(counts)
+    assert any(v.shape == (4, 6) for v in graph.initializers.values())  # folded w.t() * 0.5
+
+
+class Odd(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(x) + F.hardswish(x)
+        y = F.pad(y, (1, 2))
+        return torch.cumsum(y, dim=-1).relu()
+
+
+def test_unknown_ops_are_opaque() -> None:
+    graph = check(Odd(), torch.randn(2, 3, 5))
+    kinds = {n.attrs.get("op_type") for n in graph.nodes if n.op == "Opaque"}
+    assert {"gelu", "hardswish", "cumsum"} <= kinds
+    with pytest.raises(OllieError, match="opaque"):
+        graph.lower_node(next(n for n in graph.nodes if n.op == "Opaque"))
+
+
+def test_scalar_arithmetic_and_alpha() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.add(x, x * 3.0, alpha=0.5) - 1.0
+
+    graph = check(M(), torch.randn(4))
+    assert graph.op_counts() == {"Add": 1, "Mul": 2, "Sub": 1}
+
+
+def test_identity_module_output_is_input() -> None:
+    graph = check(nn.Identity(), torch.randn(2, 2), ops={"Identity": 1})
+    assert graph.outputs[0] != graph.input_names[0]
+
+
+def test_make_fx_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("export unavailable")
+
+    monkeypatch.setattr(torch.export, "export", broken)
+    module = nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(12, 2))
+    graph = check(module, torch.randn(1, 2, 4, 4))
+    assert graph.op_counts()["Conv2d"] == 1 and "Relu" in graph.op_counts()
+
+
+def test_errors() -> None:
+    with pytest.raises(OllieError, match=r"torch\.nn\.Module"):
+        from_torch(lambda x: x, (torch.randn(1),))  # type: ignore[arg-type]
+    graph = from_torch(nn.ReLU(), (torch.randn(2, 3),))
+    with pytest.raises(OllieError, match="shape"):
+        run_graph(graph, {graph.input_names[0]: torch.randn(3, 3)})
+    with pytest.raises(OllieError, match="missing input"):
+        run_graph(graph, {})
+
+
+def test_factory_constants_are_folded() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            ramp = torch.arange(4, dtype=torch.float32) * 0.5
+            return x * ramp + torch.ones(4)
+
+    graph = check(M(), torch.randn(3, 4), ops={"Mul": 1, "Add": 1})
+    assert any(np.allclose(v, [0, 0.5, 1, 1.5]) for v in graph.initializers.values())
