@@ -245,7 +245,7 @@ class _Optimizer:
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
                      config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
-        feed = [torch.as_tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
+        feed = [torch.tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
         canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
                      dict(node.attrs), node.name)
         sel = select(expr, res.candidates, lambda: run_node(canon, feed), inputs, weights,

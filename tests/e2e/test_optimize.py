@@ -1,0 +1,141 @@
+"""End to end: ollie.optimize on small models (torch and ONNX), the report, save/load, the
+torch.compile backend, and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ollie
+from ollie.errors import OllieError
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.up = nn.ConvTranspose2d(16, 4, 4, stride=2, padding=1)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return torch.tanh(self.pool(self.up(y)) + 1.0)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    torch.manual_seed(0)
+    m = Small().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 8, 6, 6)
+    opt = ollie.optimize(m, (x,), time_budget=4.0, max_candidates=4, use_cache=False)
+    return m, x, opt
+
+
+def test_optimized_model_matches_and_reports(small):
+    m, x, opt = small
+    with torch.no_grad():
+        want = m(x)
+    got = opt(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    ops = {r.op for r in opt.report}
+    assert ops == {"Conv2d", "ConvTranspose2d"}
+    for r in opt.report:
+        assert r.original_ms > 0 and r.optimized_ms > 0
+        assert r.optimized_ms <= r.original_ms * 1.0001  # never slower than the original
+    assert any("checked against the original model" in n for n in opt.notes)
+    assert "subprogram" in opt.summary()
+    # other inputs too, not only the ones it was checked on
+    x2 = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x2), m(x2), rtol=1e-3, atol=1e-4)
+
+
+def test_save_and_load(small, tmp_path):
+    m, x, opt = small
+    opt.save(tmp_path / "prog")
+    again = ollie.load(tmp_path / "prog")
+    torch.testing.assert_close(again(x), opt(x))
+    assert [r.node for r in again.report] == [r.node for r in opt.report]
+
+
+def test_onnx_model(tmp_path):
+    from ollie.frontend import to_onnx
+
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    path = to_onnx(m, (x,), tmp_path / "m.onnx")
+    opt = ollie.optimize(str(path), time_budget=3.0, max_candidates=3, use_cache=False)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-3, atol=1e-4)
+
+
+def test_bad_inputs_raise_ollie_errors(tmp_path):
+    with pytest.raises(OllieError, match="example inputs"):
+        ollie.optimize(nn.ReLU())
+    with pytest.raises(OllieError):
+        ollie.optimize(42)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    with pytest.raises(OllieError):
+        ollie.optimize(str(bad))
+
+
+def test_torch_compile_backend():
+    import ollie.optimizer.backend as backend
+    from ollie.optimizer.model import OptimizeConfig
+
+    old = backend.BACKEND_CONFIG
+    backend.BACKEND_CONFIG = OptimizeConfig(time_budget=2.0, max_candidates=2, use_cache=False)
+    try:
+        torch._dynamo.reset()
+        m = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()).eval()
+        x = torch.randn(1, 4, 6, 6)
+        compiled = torch.compile(m, backend="ollie")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), m(x), rtol=1e-3, atol=1e-4)
+    finally:
+        backend.BACKEND_CONFIG = old
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "ollie", *args], capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def test_cli_derive(tmp_path):
+    f = tmp_path / "mm.expr"
+    f.write_text("A: [32, 64]\nB: [48, 32]\nL<m=0:64, n=0:48> Sum<k=0:32> A[k, m] * B[n, k]\n")
+    r = _cli("derive", str(f), "--max-depth", "1", "--time-budget", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["stats"]) >= {"states_visited", "states_pruned", "candidates", "seconds",
+                                 "max_depth"}
+    assert doc["candidates"] and all(c["verified"] for c in doc["candidates"])
+    assert doc["candidates"][0]["kernels"][0]["kind"] in ("Matmul", "Conv", "eOp")
+    r = _cli("derive", str(f), "--max-depth", "0", "--time-budget", "5", "--explain")
+    assert r.returncode == 0 and "operator_matching" in r.stdout
+    bad = tmp_path / "bad.expr"
+    bad.write_text("A: [3]\nL<i=0:3> B[i]\n")
+    r = _cli("derive", str(bad))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"ollie: error: {bad}:2:10: tensor 'B' is not declared"]
+    r = _cli("derive", str(tmp_path / "missing.expr"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_cli_zoo_optimize_run(tmp_path):
+    r = _cli("zoo")
+    assert r.returncode == 0 and "infogan" in r.stdout and "longformer" in r.stdout
+    r = _cli("optimize", "zoo:nonexistent")
+    assert r.returncode == 2 and "unknown zoo model" in r.stderr
