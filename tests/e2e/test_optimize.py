@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -60,7 +59,7 @@ def test_optimized_model_matches_and_reports(small):
 
 
 def test_save_and_load(small, tmp_path):
-    m, x, opt = small
+    _, x, opt = small
     opt.save(tmp_path / "prog")
     again = ollie.load(tmp_path / "prog")
     torch.testing.assert_close(again(x), opt(x))
