@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,11 +37,11 @@ from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import select
 from ollie.program.kernel import Kernel
 from ollie.program.postprocess import postprocess
-from ollie.program.program import Program
+from ollie.program.program import Program, kernel_from_json, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
-from ollie.tune.cache import CostCache
+from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
 COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
@@ -162,6 +163,17 @@ class _Outcome:
     optimized_s: float
     candidates: int
 
+    def to_json(self) -> str:
+        kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]
+        return json.dumps({**self.__dict__, "kernels": kernels})
+
+    @classmethod
+    def from_json(cls, text: str) -> _Outcome:
+        doc = json.loads(text)
+        if doc["kernels"] is not None:
+            doc["kernels"] = [kernel_from_json(k) for k in doc["kernels"]]
+        return cls(**doc)
+
 
 class _Optimizer:
     def __init__(self, graph: Graph, config: OptimizeConfig,
@@ -240,6 +252,20 @@ class _Optimizer:
                               prefix=node.name)
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray]) -> _Outcome:
+        """The decision for a subprogram: from the decision cache, or by search + selection."""
+        cfg = self.config
+        key = (f"decision|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
+               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}")
+        if self.cache is not None:
+            doc = self.cache.get_decision(key)
+            if doc is not None:
+                return _Outcome.from_json(doc)
+        out = self._search(node, expr, weights)
+        if self.cache is not None:
+            self.cache.put_decision(key, out.to_json())
+        return out
+
+    def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray]) -> _Outcome:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}

@@ -124,7 +124,7 @@ def _timed(key: str, fn: Callable[[], object], device: str, cache: CostCache | N
         hit = cache.get(key)
         if hit is not None:
             return hit, True
-    secs = measure(fn, device)
+    secs = measure(fn, device, repeats=15, min_seconds=0.25)
     if cache is not None and math.isfinite(secs):
         cache.put(key, secs)
     return secs, False

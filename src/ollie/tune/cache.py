@@ -2,7 +2,9 @@
 
 A key is a string the caller builds from the candidate program's identity (the fingerprint
 of its kernel sequence), the input shapes and the device description, so re-optimising the
-same model on the same machine reuses every measurement.
+same model on the same machine reuses every measurement. A second table keeps decisions:
+which program was chosen for a subprogram (by its expression's fingerprint), so that a warm
+re-optimisation skips the search altogether.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class CostCache:
         self.db = sqlite3.connect(self.path)
         self.db.execute("CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, "
                         "seconds REAL NOT NULL, created REAL NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS decisions (key TEXT PRIMARY KEY, "
+                        "doc TEXT NOT NULL, created REAL NOT NULL)")
         self.db.commit()
         self.hits = self.misses = 0
 
@@ -57,6 +61,16 @@ class CostCache:
     def put(self, key: str, seconds: float) -> None:
         self.db.execute("INSERT OR REPLACE INTO costs VALUES (?, ?, ?)",
                         (key, float(seconds), time.time()))
+        self.db.commit()
+
+    def get_decision(self, key: str) -> str | None:
+        """A stored decision document (JSON text), e.g. a subprogram's chosen program."""
+        row = self.db.execute("SELECT doc FROM decisions WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_decision(self, key: str, doc: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
+                        (key, doc, time.time()))
         self.db.commit()
 
     def close(self) -> None:
