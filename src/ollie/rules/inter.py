@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ollie.errors import ExprError
-from ollie.ir import Access, BinOp, Expr, Iter, Node, Scope, map_body, var
+from ollie.ir import Access, BinOp, Expr, Iter, Node, Scope, accesses, map_body, tensor_names, var
 from ollie.rules.common import iter_names
 
 INTER_RULES: dict[str, Callable] = {}
@@ -70,6 +70,9 @@ def expression_merging(e1: Expr, e2: Expr, t1: str, t2: str) -> Expr:
     if _rename_tensor(e2.root.body, t2, t1) != e1.root.body or \
             e1.root.traversal != e2.root.traversal or e1.root.summation != e2.root.summation:
         raise ExprError("expression merging: the expressions do not compute the same function")
+    if any(t1 in tensor_names(a.source) for a in accesses(e1.root.body)
+           if isinstance(a.source, Scope)):
+        raise ExprError(f"expression merging: '{t1}' is read inside a nested scope")
     shape = shapes[t1]
     dims = [Iter(f"d{i}", 0, d) for i, d in enumerate(shape)]
     idx = tuple(var(d.name) for d in dims)

@@ -45,6 +45,7 @@ class DeriveResult:
     candidates: list[Candidate]
     stats: dict = field(default_factory=dict)
     expr: Expr | None = None
+    found_keys: frozenset[str] = frozenset()  # every program found (verified or not)
 
     def to_json(self) -> dict:
         return {"stats": self.stats, "candidates": [c.to_json() for c in self.candidates]}
@@ -128,7 +129,7 @@ class _Search:
             self.verify(cand)
             slowest = max(slowest, time.perf_counter() - t0)
         result = sorted(self.candidates.values(), key=lambda c: c.cost)
-        return DeriveResult(result, self.stats(), self.expr)
+        return DeriveResult(result, self.stats(), self.expr, frozenset(self.found))
 
     def instantiate(self, state: _State) -> None:
         if self.config.guided:
