@@ -1,0 +1,166 @@
+"""Lowering an eOp expression to a sequence of loop nests over flat buffers.
+
+Every tensor a generated kernel touches is a :class:`Buffer`: a declared input, a temporary
+holding a materialised nested scope, or the output. A buffer is read by iterator value like a
+scope: position ``v`` of dimension ``d`` is element ``v - offsets[d]``, and values outside
+``[offsets[d], offsets[d] + shape[d])`` read 0 (inputs have offsets 0, temporaries the ``lo`` of
+their scope's traversal iterators).
+
+:func:`make_plan` rewrites the root scope so that every read names a buffer:
+
+* a nested scope without summation whose reads stay inside its ranges (checked with
+  :meth:`~ollie.ir.index.Affine.bounds` over the reading scope's iterator ranges) is *inlined*:
+  its body is substituted at the read, its traversal iterators replaced by the read's indices
+  (exact, since a scope is closed and every read is in range). Inlining is skipped when it would
+  recompute an expensive body many times per element (see :func:`_worth_inlining`);
+* any other nested scope is *materialised*: a loop nest (the same code generator) computes it
+  into a float32 temporary before the nests that read it. Equal scopes are computed once.
+
+The nests come out in execution order; the last one writes the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from ollie.ir import Access, Expr, Node, Scope, children, map_body, tensor_names
+from ollie.ir.nodes import BinOp, Call, Neg
+
+INLINE_MAX_OPS = 4
+"""A nested scope whose body has at most this many operations is always inlined when its reads
+are in range; a costlier one only when it is read at most twice per element on average."""
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A flat float32 array of the generated code (identifier ``ident``)."""
+
+    ident: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    input_name: str | None = None
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major element strides."""
+        out = []
+        acc = 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Nest:
+    """One loop nest: computes ``scope`` (whose reads name buffer identifiers) into ``target``."""
+
+    scope: Scope
+    target: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Buffers and loop nests of one eOperator."""
+
+    inputs: tuple[Buffer, ...]
+    temps: tuple[Buffer, ...]
+    nests: tuple[Nest, ...]
+    output: Buffer
+    inlined: int = 0
+    """How many nested-scope reads were inlined."""
+
+    @property
+    def buffers(self) -> dict[str, Buffer]:
+        return {b.ident: b for b in (*self.inputs, *self.temps, self.output)}
+
+
+def _ops(node: Node) -> int:
+    own = 1 if isinstance(node, (BinOp, Neg, Call)) else 0
+    return own + sum(_ops(c) for c in children(node))
+
+
+def _in_range(acc: Access, inner: Scope, reader: Scope) -> bool:
+    ranges = reader.ranges
+    for idx, it in zip(acc.indices, inner.traversal, strict=True):
+        lo, hi = idx.bounds(ranges)
+        if lo < it.lo or hi > it.hi - 1:
+            return False
+    return True
+
+
+def _worth_inlining(inner: Scope, reader: Scope) -> bool:
+    if _ops(inner.body) <= INLINE_MAX_OPS:
+        return True
+    points = prod(it.size for it in reader.iters)
+    return points <= 2 * prod(inner.shape)
+
+
+class _Planner:
+    def __init__(self, expr: Expr) -> None:
+        declared = expr.inputs
+        names = sorted(tensor_names(expr.root))
+        self.inputs = {
+            name: Buffer(f"in_{k}", tuple(declared[name]), (0,) * len(declared[name]), name)
+            for k, name in enumerate(names)
+        }
+        self.temps: dict[Scope, Buffer] = {}
+        self.nests: list[Nest] = []
+        self.rewritten: dict[Scope, Scope] = {}
+        self.inlined = 0
+
+    def rewrite(self, scope: Scope) -> Scope:
+        """``scope`` with every read naming a buffer (nested scopes inlined or materialised)."""
+        done = self.rewritten.get(scope)
+        if done is not None:
+            return done
+
+        def visit(node: Node) -> Node | None:
+            return self._access(node, scope) if isinstance(node, Access) else None
+
+        out = Scope(scope.traversal, scope.summation, map_body(scope.body, visit))
+        self.rewritten[scope] = out
+        return out
+
+    def _access(self, acc: Access, reader: Scope) -> Node:
+        if isinstance(acc.source, str):
+            return Access(self.inputs[acc.source].ident, acc.indices)
+        inner = self.rewrite(acc.source)
+        if not inner.summation and _in_range(acc, inner, reader) \
+                and _worth_inlining(inner, reader):
+            self.inlined += 1
+            return _inline(inner, acc)
+        buf = self.temps.get(inner)
+        if buf is None:
+            buf = Buffer(f"tmp_{len(self.temps)}", inner.shape,
+                         tuple(it.lo for it in inner.traversal))
+            self.temps[inner] = buf
+            self.nests.append(Nest(inner, buf))
+        return Access(buf.ident, acc.indices)
+
+
+def _inline(inner: Scope, acc: Access) -> Node:
+    """The body of ``inner`` (no summation) evaluated at the read's indices."""
+    sub = {it.name: idx for it, idx in zip(inner.traversal, acc.indices, strict=True)}
+
+    def visit(node: Node) -> Node | None:
+        if isinstance(node, Access):
+            return Access(node.source, tuple(i.subst(sub) for i in node.indices))
+        return None
+
+    return map_body(inner.body, visit)
+
+
+def make_plan(expr: Expr) -> Plan:
+    """The loop nests computing ``expr`` (see the module docstring)."""
+    planner = _Planner(expr)
+    root = planner.rewrite(expr.root)
+    output = Buffer("out", expr.root.shape, tuple(it.lo for it in expr.root.traversal))
+    nests = (*planner.nests, Nest(root, output))
+    return Plan(tuple(planner.inputs.values()), tuple(planner.temps.values()), nests, output,
+                planner.inlined)

@@ -1,0 +1,302 @@
+"""The numba CPU eOperator backend against the reference interpreter.
+
+Random expressions (with nested scopes) from ``ollie.testing.strategies`` and hand cases from
+the derivations the search produces (offset-add of a conv-to-matmul, transposed-conv selective
+add, layout transforms with div/mod, fused element-wise chains), plus the structure of the
+generated code (interior loop without bounds checks) and the on-disk cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ollie
+from ollie.codegen import compile_eop
+from ollie.codegen.cpu import compile_cpu, generate_source
+from ollie.codegen.plan import make_plan
+from ollie.errors import ShapeError, UnsupportedError
+from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Scope, neg
+from ollie.semantics import random_inputs
+from ollie.semantics.check import _compare_arrays
+from ollie.testing.strategies import exprs, index_exprs, iters, scopes
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    """Generated kernels go to a fresh directory (not the user's cache)."""
+    old = os.environ.get("OLLIE_CACHE_DIR")
+    os.environ["OLLIE_CACHE_DIR"] = str(tmp_path_factory.mktemp("ollie_cache"))
+    yield
+    if old is None:
+        del os.environ["OLLIE_CACHE_DIR"]
+    else:
+        os.environ["OLLIE_CACHE_DIR"] = old
+
+
+def check(expr: Expr | str, inputs=None, seed: int = 0) -> np.ndarray:
+    """Compile, run and compare with the interpreter; returns the kernel's result."""
+    if isinstance(expr, str):
+        expr = ollie.parse(expr)
+    inputs = random_inputs(expr, seed) if inputs is None else inputs
+    got = compile_cpu(expr)(inputs)
+    want = ollie.interpret(expr, inputs)
+    assert got.shape == want.shape and got.dtype == np.float32
+    res = _compare_arrays(got.astype(np.float64), want.astype(np.float64), 1e-4, 1e-5)
+    assert res.ok, f"{expr}\nmax abs err {res.max_abs_err}, rel {res.max_rel_err}\n" \
+                   f"got {got}\nwant {want}"
+    return got
+
+
+# --------------------------------------------------------------------- random expressions
+@st.composite
+def nested_exprs(draw) -> Expr:
+    """A root scope that reads a random nested scope (and maybe a tensor) at random indices."""
+    decls: dict[str, tuple[int, ...]] = {}
+    for name in ("A", "B")[: draw(st.integers(1, 2))]:
+        decls[name] = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    inner = draw(scopes(decls, depth=1, max_sum=1))
+    taken: set[str] = set()
+    trav = draw(iters(1, 3, taken))
+    summ = draw(iters(0, 1, taken))
+    names = tuple(it.name for it in trav + summ)
+    body = Access(inner, tuple(draw(index_exprs(names)) for _ in inner.traversal))
+    if draw(st.booleans()):
+        t = draw(st.sampled_from(sorted(decls)))
+        other = Access(t, tuple(draw(index_exprs(names)) for _ in decls[t]))
+        body = BinOp(draw(st.sampled_from("+*-")), body, other)
+    return Expr(tuple(decls.items()), Scope(trav, summ, body))
+
+
+@st.composite
+def padded_exprs(draw) -> Expr:
+    """Gathers from larger tensors with partly out-of-range affine indices (interiors are
+    non-empty), bodies of one read (clamped summations) or a few."""
+    shape = tuple(draw(st.lists(st.integers(2, 7), min_size=1, max_size=3)))
+    taken: set[str] = set()
+    trav = tuple(Iter(it.name, it.lo, it.lo + draw(st.integers(1, 7)))
+                 for it in draw(iters(1, 3, taken)))
+    summ = draw(iters(0, 2, taken))
+    names = tuple(it.name for it in trav + summ)
+
+    def read() -> Access:
+        return Access("A", tuple(draw(index_exprs(names, allow_divmod=draw(st.booleans())))
+                                 for _ in shape))
+
+    body = read()
+    kind = draw(st.integers(0, 3))
+    if kind == 1:
+        body = neg(BinOp("*", Const(0.5), body))
+    elif kind == 2:
+        body = BinOp(draw(st.sampled_from("+*-")), body, read())
+    elif kind == 3:
+        body = BinOp("+", Call("relu", (body,)), BinOp("*", read(), Const(2.0)))
+    return Expr((("A", shape),), Scope(trav, summ, body))
+
+
+@settings(max_examples=20, deadline=None)
+@given(padded_exprs())
+def test_random_padded_gathers_match_interpreter(expr):
+    check(expr, seed=3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(exprs(depth=1))
+def test_random_expressions_match_interpreter(expr):
+    check(expr, seed=1)
+
+
+@settings(max_examples=15, deadline=None)
+@given(nested_exprs())
+def test_random_nested_scopes_match_interpreter(expr):
+    check(expr, seed=2)
+
+
+# --------------------------------------------------------------------- hand cases
+OFFSET_ADD = """
+    T: [1, 8, 7, 7, 3, 3]
+    L<n=0:1, f=0:8, h=0:7, w=0:7> Sum<r=0:3, s=0:3> T[n, f, h + r - 1, w + s - 1, r, s]
+"""
+
+
+def test_conv_offset_add_with_padding():
+    check(OFFSET_ADD)
+
+
+def test_conv_offset_add_other_layout():
+    check("""
+        T: [3, 3, 2, 6, 5, 4]
+        L<n=0:2, f=0:4, h=0:6, w=0:5> Sum<r=0:3, s=0:3> T[r, s, n, h + r - 1, w + s - 1, f]
+    """)
+
+
+def test_transposed_conv_selective_add():
+    check("""
+        Y: [2, 3, 3, 4, 4, 4]
+        L<n=0:2, c=0:4, h=0:6, w=0:6> Sum<y=0:3, x=0:3>
+            Y[n, y, x, c, h + 1 - 2*y, w + 1 - 2*x]
+    """)
+
+
+def test_layout_split_permute_and_divmod():
+    check("A: [2, 12, 5]\nL<b=0:2, j=0:4, i=0:3, d=0:5> A[b, 4*i + j, d]")
+    check("B: [2, 4, 3, 5]\nL<b=0:2, i=0:12, d=0:5> B[b, i % 4, i / 4, d]")
+    # div/mod of the innermost iterator, with padding (stays checked in the interior)
+    check("A: [7, 3]\nL<i=0:4, x=-3:20> A[(x + 1) / 3, x % 3] + A[i, x / 8]")
+
+
+def test_elementwise_chain_relu_bias_with_fused_scopes():
+    text = """
+        A: [2, 3, 4, 5]
+        B: [3]
+        L<n=0:2, c=0:3, h=0:4, w=0:5>
+            relu({ L<n=0:2, c=0:3, h=0:4, w=0:5> A[n, c, h, w] * 2 + B[c] }[n, c, h, w])
+            + sigmoid(B[c]) - tanh(A[n, c, h, w]) * max(A[n, c, 0, w], B[c])
+    """
+    expr = ollie.parse(text)
+    assert make_plan(expr).inlined == 1
+    assert "tmp_0" not in generate_source(expr)
+    check(expr)
+
+
+def test_nested_scope_with_summation_is_materialised():
+    text = """
+        A: [4, 6]
+        L<i=-1:5, j=0:3> Sum<k=0:2>
+            { L<a=0:4, b=-1:4> Sum<c=0:6> A[a, c] * A[a, b + c] }[i, j + k - 1] * 0.5
+    """
+    expr = ollie.parse(text)
+    src = generate_source(expr)
+    assert "tmp_0 = np.empty(20, np.float32)" in src
+    check(expr)
+
+
+def test_padding_at_both_ends_and_negative_ranges():
+    check("A: [10]\nL<i=0:10> A[i - 2] + A[i + 2] * 3")
+    check("A: [4, 3]\nL<i=-3:6, j=-2:4> A[i, j] - A[i + 1, 2 - j]")
+    check("A: [5]\nL<i=-4:3> Sum<k=-2:2> { L<u=-2:4> A[u + 1] * A[u] }[i + k] * A[k + 2]")
+
+
+def test_functions_follow_numpy():
+    a = np.array([[-2.0, -0.0, 0.5, 4.0]], np.float32)
+    got = check("A: [1, 4]\nL<i=0:1, j=0:4> log(A[i, j]) + sqrt(A[i, j]) + exp(A[i, j])"
+                " + abs(A[i, j]) + min(A[i, j], 0.25) + A[i, j] / A[i, 3 - j]",
+                {"A": a})
+    assert np.isnan(got[0, 0]) and np.isinf(got[0, 1])
+
+
+def test_nan_propagates_only_where_read():
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    a[1, 3] = np.nan
+    got = check("A: [2, 4]\nL<i=0:2, j=0:6> A[i, j - 2] * 2 + relu(A[i, j + 2])", {"A": a})
+    bad = np.argwhere(np.isnan(got)).tolist()
+    assert bad == [[1, 1], [1, 5]]
+    got = check("A: [2, 4]\nL<i=0:2, j=0:4> Sum<k=0:2> max(A[i, j + k - 1], 0.0)", {"A": a})
+    assert np.argwhere(np.isnan(got)).tolist() == [[1, 3]]
+
+
+def test_float64_accumulation_of_long_sums():
+    text = "A: [4, 5000]\nL<i=0:4> Sum<k=0:5000> A[i, k] * A[i, k] - 1"
+    assert "_F64" in generate_source(ollie.parse(text))
+    check(text)
+
+
+def test_large_outputs_use_prange_and_blocks():
+    text = "A: [300000]\nL<i=0:300000> A[i - 3] + A[i + 3]"
+    src = generate_source(ollie.parse(text))
+    assert "prange(" in src and "_blk" in src
+    check(text)
+    text = """
+        T: [4, 64, 12, 12, 3, 3]
+        L<n=0:4, f=0:64, h=0:12, w=0:12> Sum<r=0:3, s=0:3> T[n, f, h + r - 1, w + s - 1, r, s]
+    """
+    assert "prange(256)" in generate_source(ollie.parse(text))  # n and f fused
+    check(text)
+
+
+# --------------------------------------------------------------------- generated code
+def _loop_body(src: str, marker: str) -> str:
+    """The lines of the loop whose header ends with ``marker``."""
+    lines = src.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.rstrip().endswith(marker))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for ln in lines[start + 1:]:
+        if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
+            break
+        body.append(ln)
+    return "\n".join(body)
+
+
+def test_padded_offset_add_has_unchecked_interior():
+    src = generate_source(ollie.parse(OFFSET_ADD))
+    interior = _loop_body(src, "# interior: no bounds checks")
+    assert "in_0[" in interior
+    assert not re.search(r"\bif\b|>= 0|< \d", interior), interior
+    assert "range(0, 3)" in interior  # the summation loops keep their constant ranges
+    boundary = _loop_body(src, "# boundary")
+    assert "max(" in boundary  # clamped summation loops at the boundary
+
+
+def test_disk_cache_is_reused_by_a_new_process(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, time
+        import numba  # noqa: F401  (imported before timing)
+        from ollie.codegen.cpu import compile_cpu
+        t = time.perf_counter()
+        k = compile_cpu({OFFSET_ADD!r}, cache_dir={str(tmp_path)!r})
+        print(json.dumps([time.perf_counter() - t, k.from_disk]))
+    """)
+
+    def run() -> tuple[float, bool]:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        seconds, from_disk = json.loads(out.stdout.strip().splitlines()[-1])
+        return seconds, from_disk
+
+    first, first_disk = run()
+    second, second_disk = run()
+    assert not first_disk and second_disk
+    assert list(tmp_path.glob("__pycache__/*.nbi"))  # numba's machine-code cache
+    assert second < first
+
+
+# --------------------------------------------------------------------- calling convention
+def test_calling_convention_and_errors():
+    expr = ollie.parse("A: [2, 3]\nB: [5]\nL<i=0:2, j=0:3> A[i, j] + 1")
+    k = compile_eop(expr, "cpu")
+    assert compile_cpu(expr) is k and k.input_names == ("A",)
+    a = np.ones((2, 3), np.float32)
+    out = np.zeros((2, 3), np.float32)
+    assert k({"A": a}, out) is out and (out == 2).all()
+    assert (k({"A": np.ones((2, 3), np.float64)}) == 2).all()  # converted
+    ro = np.ones((2, 3), np.float32)
+    ro.flags.writeable = False
+    assert (k({"A": ro}) == 2).all()
+    with pytest.raises(ShapeError):
+        k({})
+    with pytest.raises(ShapeError):
+        k({"A": np.ones((3, 2), np.float32)})
+    with pytest.raises(ShapeError):
+        k({"A": a}, np.zeros((2, 3), np.float64))
+    ref = compile_eop(expr, "reference")
+    np.testing.assert_array_equal(ref({"A": a}), k({"A": a}))
+    with pytest.raises(UnsupportedError):
+        compile_eop(expr, "tpu")
+
+
+def test_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    k = compile_cpu("A: [3]\nL<i=0:3> A[2 - i] * 7", cache_dir=blocker / "kernels")
+    assert k.path.exists() and blocker not in k.path.parents
+    np.testing.assert_array_equal(k({"A": np.arange(3, dtype=np.float32)}), [14, 7, 0])
