@@ -82,6 +82,7 @@ class _Search:
         self.search_deadline = self.start + config.time_budget * (1 - VERIFY_SHARE)
         self.found: dict[str, Candidate] = {}
         self.stop = False
+        self.completed = False  # the exploration ran to its depth limit (not cut short)
         self.search_seconds = 0.0
         self.first_found: dict[str, dict] = {}  # library kind -> when first found
 
@@ -119,6 +120,7 @@ class _Search:
                     queue.append(_State(expr, state.depth + 1, steps, index))
                 if self.out_of_budget():
                     break
+        self.completed = not queue
         self.search_seconds = time.perf_counter() - self.start
         slowest = 0.0
         for cand in _diverse_order(self.found.values()):
@@ -181,9 +183,9 @@ class _Search:
     def unpruned_states(self) -> int | None:
         """How many states a search without pruning would visit to the same depth: the
         number of derivation paths of length <= max_depth, counted as walks in the graph of
-        distinct states (exact when the search finished; a state first reached at the last
-        depth is never expanded, and no walk of allowed length continues past it)."""
-        if not self.config.fingerprint_pruning or self.visited >= self.config.max_states:
+        distinct states (a state first reached at the last depth is never expanded, and no
+        walk of allowed length continues past it). None when the search was cut short."""
+        if not self.config.fingerprint_pruning or not self.completed:
             return None
         walks = {0: 1}
         total = 1
