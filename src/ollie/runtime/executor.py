@@ -145,8 +145,7 @@ class CompiledProgram:
         self.program = program
         self.device = torch.device(device)
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
-        self.constants = {n: torch.as_tensor(np.ascontiguousarray(v, dtype=np.float32),
-                                             device=self.device)
+        self.constants = {n: torch.tensor(np.asarray(v, dtype=np.float32), device=self.device)
                           for n, v in program.constants.items()}
         self.fns = [compile_kernel(k, self.backend) for k in program.kernels]
         self._plan()
