@@ -142,18 +142,20 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def main(cases=DEFAULT_CASES, depths=range(1, 9), budget: float = 30.0,
-         out: str | Path = "benchmarks/results") -> int:
+         out: str | Path = "benchmarks/results", configs=tuple(CONFIGS)) -> int:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(cases, depths, budget)
+    rows = run(cases, depths, budget, configs)
     cpu = platform.processor() or platform.machine()
     lines = [f"# Search benchmark ({time.strftime('%Y-%m-%d')}, {cpu}, {_cores()} cores, "
              f"budget {budget:.0f} s per run)", "", *summarize(rows)]
-    (out / "search.md").write_text("\n".join(lines) + "\n")
-    (out / "search.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    plot(rows, out / "search.png")
+    stem = "search" if tuple(configs) == tuple(CONFIGS) else "search_" + "_".join(
+        c.replace(", ", "-").replace(" ", "-") for c in configs)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    plot(rows, out / f"{stem}.png")
     print("\n".join(lines))
-    print(f"\nwrote {out / 'search.md'}, {out / 'search.json'}, {out / 'search.png'}")
+    print(f"\nwrote {out / stem}.md, .json, .png")
     return 0
 
 

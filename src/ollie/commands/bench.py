@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="operator cases (default: conv3x3 convtranspose conv5x5 g2bmm)")
     s.add_argument("--depths", type=_depths, default=range(1, 9), help="e.g. 1-8 (default)")
     s.add_argument("--budget", type=float, default=30.0, help="seconds per run (default 30)")
+    s.add_argument("--configs", nargs="+", default=None,
+                   help="configurations: hybrid, explorative, 'hybrid, no pruning', "
+                        "'explorative, no pruning' (default: all four)")
     s.add_argument("--out", default="benchmarks/results", help="output folder")
 
 
@@ -29,16 +32,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--device", default="cpu", help="cpu or cuda")
     o.add_argument("--out", default="benchmarks/results", help="output folder")
 
+    m = sub.add_parser("models", help="end-to-end benchmark of the zoo models against "
+                                      "PyTorch eager, torch.compile and ONNX Runtime")
+    m.add_argument("--models", nargs="+", default=None,
+                   help="zoo models (default: all seven)")
+    m.add_argument("--batches", nargs="+", type=int, default=[1, 16],
+                   help="batch sizes (default: 1 16)")
+    m.add_argument("--budget", type=float, default=20.0,
+                   help="search seconds per distinct subprogram (default 20)")
+    m.add_argument("--out", default="benchmarks/results", help="output folder")
+    m.add_argument("--keep", action="store_true",
+                   help="keep other models' rows already in OUT/models.json")
+    m.add_argument("--cache-dir", default=None,
+                   help="persistent cache folder (default: a fresh one: cold optimisation)")
+    m.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads of every system (default: cores)")
+
 
 def run(args: argparse.Namespace) -> int:
     if args.bench == "search":
         from ollie.bench import search
 
         return search.main(tuple(args.cases or search.DEFAULT_CASES), args.depths, args.budget,
-                           args.out)
+                           args.out, tuple(args.configs or search.CONFIGS))
     if args.bench == "ops":
         from ollie.bench import ops
 
         return ops.main(tuple(args.cases or ops.DEFAULT_CASES), args.budget, args.device,
                         args.out)
+    if args.bench == "models":
+        from ollie.bench import models
+
+        return models.main(tuple(args.models or models.DEFAULT_MODELS), tuple(args.batches),
+                           args.budget, args.out, args.keep, args.cache_dir,
+                           args.threads)
     raise AssertionError(args.bench)

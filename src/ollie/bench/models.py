@@ -1,0 +1,375 @@
+"""End-to-end benchmark (the paper's end-to-end figure): every zoo model at batch 1 and 16.
+
+Per model and batch, in one process: build the module (``ollie.zoo.get``), optimise it with
+``ollie.optimize`` (``budget`` seconds of search per distinct subprogram, a fresh persistent
+cache so the first optimisation is cold) and check its output against the module (relative
+error < 1e-3), then time alternately (``measure_alternating``, interleaved rounds):
+
+* PyTorch eager under ``torch.inference_mode``;
+* ``torch.compile`` with frozen weights (``torch._inductor.config.freezing = True``) as users
+  run it for inference, warmed up first (a failure is recorded, not fatal);
+* ONNX Runtime on the ``ollie.frontend.to_onnx`` export (all optimisations, threads = cores);
+  the Longformer layer's ``ollie.G2BMM`` / ``ollie.GBMM`` custom operators have no ORT kernel,
+  so it is "n/a" there;
+* Ollie's optimised program.
+
+Also per model: a roofline lower bound ``max(FLOPs / matmul rate, bytes / copy bandwidth)``
+with FLOPs counted from the graph (Conv, ConvTranspose, MatMul/Gemm, G2BMM, GBMM via shapes),
+the matmul rate of a large ``torch.matmul`` and the copy bandwidth measured on this machine,
+and bytes estimated as weights + model input and output + every materialised intermediate
+(outputs of compute and opaque operators) written once and read once (element-wise operators
+are assumed fused). And the warm re-optimisation time: the same model optimised again in the
+same process with the persistent cache warm (second / first).
+
+A model/batch whose largest intermediate would not fit three times in the available memory is
+skipped and says so (Longformer at seq 10000, batch 16: the [128, 10000, 2001] scores alone
+are 10 GB). Writes ``models.md``, ``models.json`` and ``models.png`` under ``out``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import ollie
+from ollie.bench.baselines import cores, ort_session
+from ollie.bench.ops import copy_bandwidth
+from ollie.tune.measure import measure, measure_alternating
+
+DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
+DEFAULT_BATCHES = (1, 16)
+PEERS = ("eager", "torch.compile", "ORT")
+SYSTEMS = (*PEERS, "Ollie")
+RTOL = 1e-3
+LOAD_WARN = 2.5
+
+
+# --------------------------------------------------------------------- the machine
+def loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def machine() -> dict:
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": cores(), "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "loadavg_start": loadavg()}
+
+
+def matmul_rate(sizes: tuple[int, ...] = (1024, 2048)) -> float:
+    """FLOP/s of large square ``torch.matmul``s (the best run: a busy machine only slows)."""
+    best = 0.0
+    for n in sizes:
+        a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+        secs = min(measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), repeats=5)
+                   for _ in range(3))
+        best = max(best, 2 * n ** 3 / secs)
+    return best
+
+
+# --------------------------------------------------------------------- roofline
+def graph_costs(graph) -> tuple[float, float]:
+    """(FLOPs, bytes) of an ``ollie.graph.Graph`` (see the module docstring)."""
+    from ollie.optimizer.model import COMPUTE_OPS
+
+    def numel(t: str) -> int:
+        return math.prod(graph.shape(t))
+
+    flops = 0.0
+    nbytes = float(sum(v.nbytes for v in graph.initializers.values()))
+    nbytes += 4 * (sum(numel(n) for n in graph.input_names) + sum(map(numel, graph.outputs)))
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if node.op in COMPUTE_OPS:
+            a, b = graph.shape(node.inputs[0]), graph.shape(node.inputs[1])
+            if node.op == "Conv2d":            # W [F, C/g, R, S]
+                flops += 2 * numel(out) * math.prod(b[1:])
+            elif node.op == "ConvTranspose2d":  # W [C, F/g, R, S]: per input element
+                flops += 2 * math.prod(a) * math.prod(b[1:])
+            elif node.op == "Gemm":
+                flops += 2 * numel(out) * (a[0] if node.attrs.get("transA") else a[1])
+            else:  # MatMul, BatchMatMul, G2BMM (K), GBMM (2w+1): the reduced extent
+                flops += 2 * numel(out) * a[-1]
+        if (node.op in COMPUTE_OPS or node.opaque) and out not in graph.outputs:
+            nbytes += 2 * 4 * numel(out)
+    return flops, nbytes
+
+
+# --------------------------------------------------------------------- one model, one batch
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = torch.as_tensor(got).double(), want.double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def _too_big(name: str, batch: int) -> str | None:
+    """Why this model/batch cannot run here, or None."""
+    if name != "longformer":
+        return None
+    o = ollie.zoo.MODELS["longformer"].options
+    scores = batch * 8 * o["seq"] * (2 * o["width"] + 1) * 4
+    try:
+        avail = next(int(ln.split()[1]) * 1024 for ln in
+                     Path("/proc/meminfo").read_text().splitlines()
+                     if ln.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return None
+    if 3 * scores > avail:
+        return (f"skipped on this machine: the attention scores alone are {scores / 2**30:.1f} "
+                f"GiB (x3 for scores, probabilities and a peer's copy > "
+                f"{avail / 2**30:.1f} GiB available)")
+    return None
+
+
+def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print) -> dict:
+    row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
+    notes = row["notes"]
+    module, inputs = ollie.zoo.get(name, batch)
+    with torch.inference_mode():
+        ref = module(*inputs)
+
+    from ollie.optimizer.model import to_graph
+    flops, nbytes = graph_costs(to_graph(module, inputs))
+    t_c, t_m = flops / rates["matmul_flops"], nbytes / rates["copy_bytes"]
+    row.update(gflops=flops / 1e9, mbytes=nbytes / 1e6, roofline_ms=1e3 * max(t_c, t_m),
+               bound="compute" if t_c >= t_m else "memory")
+
+    fns: dict[str, Callable[[], object]] = {"eager": lambda: module(*inputs)}
+    # torch.compile with frozen weights, warmed up
+    try:
+        torch._dynamo.reset()
+        torch._inductor.config.freezing = True
+        compiled = torch.compile(module)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            got = compiled(*inputs)
+            compiled(*inputs)
+        row["compile_s"] = time.perf_counter() - t0
+        row["errors"]["torch.compile"] = _rel_err(got, ref)
+        fns["torch.compile"] = lambda: compiled(*inputs)
+        log(f"  torch.compile: compiled and warmed up in {row['compile_s']:.1f} s")
+    except Exception as e:  # a peer's failure is a result
+        notes.append(f"torch.compile failed: {_first_line(e)}")
+    # ONNX Runtime
+    if name == "longformer":
+        notes.append("ORT n/a: G2BMM/GBMM export as custom-domain ollie ops, which have no "
+                     "ONNX Runtime kernel")
+    else:
+        try:
+            from ollie.frontend import to_onnx_model
+
+            sess = ort_session(to_onnx_model(module, inputs).SerializeToString(),
+                               torch.get_num_threads())
+            feed = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=True)}
+            row["errors"]["ORT"] = _rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
+            fns["ORT"] = lambda: sess.run(None, feed)
+        except Exception as e:  # a failing peer is a result
+            notes.append(f"ORT failed: {_first_line(e)}")
+    # Ollie: cold, checked, then warm re-optimisation
+    t0 = time.perf_counter()
+    prog = ollie.optimize(module, inputs, "cpu", time_budget=budget)
+    row["optimize_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ollie.optimize(module, inputs, "cpu", time_budget=budget)
+    row["reoptimize_s"] = time.perf_counter() - t0
+    with torch.inference_mode():
+        row["errors"]["Ollie"] = err = _rel_err(prog(*inputs), ref)
+    row["ollie_correct"] = err < RTOL
+    if not row["ollie_correct"]:
+        notes.append(f"Ollie output WRONG (relative error {err:.1e})")
+    row["report"] = [r.to_json() for r in prog.report]
+    rewritten = sum(r.chosen != "original operator" for r in prog.report)
+    row["rewritten"] = f"{rewritten}/{len(prog.report)}"
+    notes += [n for n in prog.notes if not n.startswith(("optimised in", "checked against"))]
+    log(f"  Ollie: optimised in {row['optimize_s']:.1f} s (warm {row['reoptimize_s']:.2f} s), "
+        f"{row['rewritten']} subprograms rewritten, rel err {err:.1e}")
+    fns["Ollie"] = lambda: prog(*inputs)
+    for peer, e in row["errors"].items():
+        if peer != "Ollie" and e >= RTOL:
+            notes.append(f"{peer} relative error {e:.1e}")
+
+    row["loadavg"] = loadavg()
+    times = measure_alternating(fns, "cpu", rounds=15, max_seconds=60.0)
+    row["loadavg_after"] = loadavg()
+    if max(row["loadavg"], row["loadavg_after"]) > LOAD_WARN:
+        notes.append(f"machine busy while timing (load average {row['loadavg']:.1f} -> "
+                     f"{row['loadavg_after']:.1f})")
+    row["times_ms"] = {k: v * 1e3 for k, v in times.items()}
+    peers = {k: v for k, v in row["times_ms"].items() if k in PEERS}
+    best = min(peers, key=peers.get)
+    ms = row["times_ms"]["Ollie"]
+    row.update(best_peer=best, speedup_vs_eager=row["times_ms"]["eager"] / ms,
+               speedup_vs_best=peers[best] / ms)
+    log("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in row["times_ms"].items()))
+    return row
+
+
+# --------------------------------------------------------------------- output
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def summary(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("ollie_correct")]
+    warm = {f"{r['model']} b{r['batch']}": {"first_s": r["optimize_s"],
+                                            "second_s": r["reoptimize_s"],
+                                            "ratio": r["reoptimize_s"] / r["optimize_s"]}
+            for r in rows if "reoptimize_s" in r}
+    return {"geomean_vs_best_peer": _geomean([r["speedup_vs_best"] for r in ok]),
+            "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in ok]),
+            "rows_in_geomean": len(ok), "warm_reoptimization": warm}
+
+
+def markdown(rows: list[dict], info: dict) -> str:
+    s = summary(rows)
+    lines = [f"# End-to-end benchmark ({info['date']})", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores ({info.get('threads', '?')} "
+             f"threads per system), torch {info['torch']}, "
+             f"onnxruntime {info['onnxruntime']}, Python {info['python']}; matmul rate "
+             f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
+             f"{info['copy_bytes'] / 1e9:.1f} GB/s; load average {info['loadavg_start']:.2f} "
+             f"at start, {info.get('loadavg_end', float('nan')):.2f} at end. Search budget "
+             f"{info['budget']:g} s per distinct subprogram.", "",
+             "| model | batch | eager ms | torch.compile ms | ORT ms | Ollie ms | speedup vs "
+             "eager | speedup vs best peer | roofline ms | optimisation s | notes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        t = r.get("times_ms", {})
+        if "skipped" in r:
+            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | | {r['skipped']} |")
+            continue
+        notes = [f"{r['rewritten']} subprograms rewritten", f"{r['bound']}-bound"] + r["notes"]
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_ms(t.get('eager'))} | "
+            f"{_ms(t.get('torch.compile'))} | {_ms(t.get('ORT'))} | {_ms(t.get('Ollie'))} | "
+            f"{r['speedup_vs_eager']:.2f}x | {r['speedup_vs_best']:.2f}x ({r['best_peer']}) | "
+            f"{_ms(r['roofline_ms'])} | {r['optimize_s']:.1f} | {'; '.join(notes)} |")
+    lines += ["", f"Geometric-mean speedup of Ollie over the best of eager / torch.compile / "
+                  f"ORT: **{s['geomean_vs_best_peer']:.2f}x**; over PyTorch eager: "
+                  f"**{s['geomean_vs_eager']:.2f}x** ({s['rows_in_geomean']} model/batch "
+                  "pairs with a correct Ollie program).", "",
+              "Warm re-optimisation (same model optimised again in the same process, "
+              "persistent cache warm):", "",
+              "| model | first s | second s | second/first |", "|---|---:|---:|---:|"]
+    lines += [f"| {k} | {v['first_s']:.1f} | {v['second_s']:.2f} | {v['ratio']:.3f} |"
+              for k, v in s["warm_reoptimization"].items()]
+    lines += ["", "Roofline: max(FLOPs / matmul rate, bytes / copy bandwidth); FLOPs of the "
+              "Conv/ConvTranspose/MatMul/Gemm/G2BMM/GBMM operators from their shapes, bytes = "
+              "weights + input + output + intermediates of compute and opaque operators "
+              "written and read once (element-wise operators fused). Times are medians of "
+              "interleaved rounds in one process."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "skipped" not in r]
+    groups = [f"{r['model']}\nb{r['batch']}" for r in rows] + ["geomean"]
+    fig, ax = plt.subplots(figsize=(2 + 0.9 * len(groups), 4))
+    width = 0.8 / len(SYSTEMS)
+    for i, name in enumerate(SYSTEMS):
+        xs, ys = [], []
+        for j, r in enumerate(rows):
+            peers = [v for k, v in r["times_ms"].items() if k in PEERS]
+            if name in r["times_ms"]:
+                xs.append(j + i * width)
+                ys.append(min(peers) / r["times_ms"][name])
+        if ys:
+            xs.append(len(rows) + i * width)
+            ys.append(_geomean(ys))
+        ax.bar(xs, ys, width, label=name)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], groups, fontsize=7)
+    ax.set_ylabel("speedup over the best peer")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(rows: list[dict], info: dict, out: Path) -> str:
+    text = markdown(rows, info)
+    (out / "models.md").write_text(text)
+    (out / "models.json").write_text(json.dumps(
+        {"machine": info, "summary": summary(rows), "rows": rows}, indent=1, default=str))
+    plot(rows, out / "models.png")
+    return text
+
+
+def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
+         out: str | Path = "benchmarks/results", keep: bool = False,
+         cache_dir: str | None = None, threads: int | None = None,
+         log: Callable = print) -> int:
+    """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
+    ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
+    first optimisation of each model is cold); ``threads``: intra-op threads of every system
+    (default: cores)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["OLLIE_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-")
+    torch.set_num_threads(threads or cores())
+    info = machine()
+    info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(),
+                copy_bytes=copy_bandwidth("cpu"), budget=budget)
+    log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
+        f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
+        f"load {info['loadavg_start']}")
+    rows: list[dict] = []
+    if keep and (out / "models.json").exists():
+        rows = json.loads((out / "models.json").read_text())["rows"]
+    order = {m: i for i, m in enumerate(DEFAULT_MODELS)}
+    for name in models:
+        for batch in batches:
+            log(f"{name} batch {batch}:")
+            why = _too_big(name, batch)
+            try:
+                row = ({"model": name, "batch": batch, "skipped": why} if why else
+                       run_one(name, batch, budget, info, log))
+            except Exception as e:  # keep going, say what broke
+                import traceback
+
+                traceback.print_exc()
+                row = {"model": name, "batch": batch, "skipped": f"failed: {_first_line(e)}"}
+            if why or "skipped" in row:
+                log(f"  {row['skipped']}")
+            rows = [r for r in rows if (r["model"], r["batch"]) != (name, batch)] + [row]
+            rows.sort(key=lambda r: (order.get(r["model"], 99), r["batch"]))
+            info["loadavg_end"] = loadavg()
+            write(rows, info, out)
+            torch._dynamo.reset()
+            gc.collect()
+    log(write(rows, info, out))
+    return 0
