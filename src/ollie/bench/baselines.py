@@ -15,13 +15,14 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def ort_session(model_bytes: bytes):
-    """An ONNX Runtime CPU session with every graph optimisation and threads = cores."""
+def ort_session(model_bytes: bytes, threads: int | None = None):
+    """An ONNX Runtime CPU session with every graph optimisation and ``threads`` intra-op
+    threads (default: cores)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = cores()
+    so.intra_op_num_threads = threads or cores()
     so.inter_op_num_threads = 1
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
@@ -60,10 +61,25 @@ def g2bmm_formulations(q: torch.Tensor, k: torch.Tensor, w: int, d: int
             out[:, :, j] = (q * kp[:, j * d: j * d + m]).sum(-1)
         return out
 
-    def windows_bmm() -> torch.Tensor:
+    def windows_bmm(rows: int = 64) -> torch.Tensor:
+        # strided windows of K (a view), multiplied in row chunks to bound memory
         kp = F.pad(k, (0, 0, pad, pad)).contiguous()
         s = kp.stride()
-        win = kp.as_strided((b, m, 2 * w + 1, kk), (s[0], s[1], d * s[1], s[2]))
-        return torch.matmul(win, q.unsqueeze(-1)).squeeze(-1)
+        out = q.new_empty(b, m, 2 * w + 1)
+        for i0 in range(0, m, rows):
+            n = min(rows, m - i0)
+            win = kp.as_strided((b, n, 2 * w + 1, kk), (s[0], s[1], d * s[1], s[2]),
+                                i0 * s[1])
+            out[:, i0:i0 + n] = torch.matmul(win, q[:, i0:i0 + n].unsqueeze(-1)).squeeze(-1)
+        return out
 
     return {"shifted slices": shifted_loop, "strided windows + matmul": windows_bmm}
+
+
+def best_of(fns: dict[str, Callable[[], object]], device: str = "cpu") -> tuple[str, Callable]:
+    """The fastest of several formulations (measured once each)."""
+    from ollie.tune.measure import measure
+
+    times = {name: measure(fn, device, warmup=1, repeats=3) for name, fn in fns.items()}
+    name = min(times, key=times.get)
+    return name, fns[name]

@@ -5,8 +5,8 @@
 * ``Conv``: ``torch.nn.functional.conv2d`` on the NCHW / FCRS views; asymmetric and negative
   padding (``ph``, ``ph_end``, ``pw``, ``pw_end``) is applied as a zero-filled window of the
   input rows and columns (pad or crop) before an unpadded convolution.
-* ``G2BMM`` / ``GBMM``: a loop over the band offsets ``j`` of shifted, zero-filled operands
-  (correct and simple; a fast kernel comes later).
+* ``G2BMM`` / ``GBMM``: :func:`ollie.runtime.band.g2bmm` / :func:`~ollie.runtime.band.gbmm`
+  (blocked batched matmuls; dilated bands through the internal re-layout), times ``alpha``.
 * ``eOp``: ``ollie.interpret(kernel.expr, ...)`` converted to torch.
 
 The result always has ``kernel.output_shape`` (the shape of the kernel's expression).
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.program.kernel import Kernel
+from ollie.runtime import band
 
 
 def _as_tensor(x: object) -> torch.Tensor:
@@ -95,21 +96,13 @@ def _band(kernel: Kernel) -> tuple[int, int]:
 def _g2bmm(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
     q, k = _input(kernel, 0, tensors), _input(kernel, 1, tensors)
     w, d = _band(kernel)
-    m = q.shape[1]
-    out = q.new_zeros((q.shape[0], m, 2 * w + 1))
-    for j in range(2 * w + 1):
-        out[:, :, j] = torch.einsum("bik,bik->bi", q, window(k, 1, d * (j - w), m))
-    return _alpha(kernel, out)
+    return _alpha(kernel, band.g2bmm(q, k, w, d))
 
 
 def _gbmm(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
     s, v = _input(kernel, 0, tensors), _input(kernel, 1, tensors)
     w, d = _band(kernel)
-    m = s.shape[1]
-    out = v.new_zeros((s.shape[0], m, v.shape[2]))
-    for j in range(2 * w + 1):
-        out += s[:, :, j, None] * window(v, 1, d * (j - w), m)
-    return _alpha(kernel, out)
+    return _alpha(kernel, band.gbmm(s, v, w, d))
 
 
 def _eop(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
