@@ -313,7 +313,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.bar(xs, ys, width, label=name)
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], groups, fontsize=7)
-    ax.set_ylabel("speedup over the best peer")
+    ax.set_ylabel("speedup over the best of eager, torch.compile, ORT")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -9,7 +9,7 @@ views, ``bmm``, ``where``, copies), so the same code runs on CPU and CUDA tensor
 **d == 1, wide band** (``2w+1 >= 512``): rows are cut into blocks of ``T`` rows (``T <= 512``,
 about ``(2w+1)/4``, splitting ``M`` evenly); block ``r0`` needs the window of K rows
 ``[r0 - w, r0 + T + w)``, whose column ``c`` holds ``S[r0 + t, c - t]``. Per block, batched
-over all of ``B`` (chunked only past 128 MiB of workspace):
+over all of ``B`` (chunked past a workspace of ``max(128 MiB, |S| / 4)``):
 
 * G2BMM: ``P = Q_blk @ K_win^T`` with the window *clipped* to ``[0, M)`` (columns ``[c0, c1)``;
   no work on the zero padding, up to ~25 % less when ``w`` is comparable to ``M``) by one
@@ -125,10 +125,12 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _wide_plan(x: torch.Tensor, t: int, w: int, slack: int) -> tuple[int, int, torch.Tensor]:
-    """(inner batch size, lead[0] per chunk, flat workspace) for a ``[*lead, M, C]`` x."""
+    """(inner batch size, lead[0] per chunk, flat workspace) for the ``[*lead, M, 2w+1]``
+    operand ``x``; the workspace is at most ``max(_WIDE_BUDGET, x's bytes / 4)``."""
     inner = math.prod(x.shape[1:-2])
     per = inner * t * (t + 2 * w)
-    bc = max(1, min(x.shape[0], _WIDE_BUDGET // (per * x.element_size())))
+    budget = max(_WIDE_BUDGET, x.numel() * x.element_size() // 4)
+    bc = max(1, min(x.shape[0], budget // (per * x.element_size())))
     return inner, bc, _workspace(bc * per + 2 * slack, x)
 
 
