@@ -350,6 +350,12 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     rows: list[dict] = []
     if keep and (out / "models.json").exists():
         rows = json.loads((out / "models.json").read_text())["rows"]
+        for r in rows:  # one roofline for all rows: this run's rates
+            if "gflops" in r:
+                t_c = r["gflops"] * 1e9 / info["matmul_flops"]
+                t_m = r["mbytes"] * 1e6 / info["copy_bytes"]
+                r.update(roofline_ms=1e3 * max(t_c, t_m),
+                         bound="compute" if t_c >= t_m else "memory")
     order = {m: i for i, m in enumerate(DEFAULT_MODELS)}
     for name in models:
         for batch in batches:

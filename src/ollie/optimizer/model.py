@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -269,13 +270,14 @@ class _Optimizer:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
-        res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
-                     config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
-        feed = [torch.tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
-        canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
-                     dict(node.attrs), node.name)
-        sel = select(expr, res.candidates, lambda: run_node(canon, feed), inputs, weights,
-                     cfg.device, self.cache, limit=cfg.max_candidates)
+        with memory_guard():
+            res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
+                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
+            feed = [torch.tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
+            canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
+                         dict(node.attrs), node.name)
+            sel = select(expr, res.candidates, lambda: run_node(canon, feed), inputs, weights,
+                         cfg.device, self.cache, limit=cfg.max_candidates)
         best = sel.best
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
@@ -288,6 +290,44 @@ class _Optimizer:
     def note(self, text: str) -> None:
         log.warning(text)
         self.notes.append(text)
+
+
+def _meminfo(path: str, field: str) -> int:
+    """A ``kB`` field of a /proc file, in bytes."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(field)
+
+
+@contextmanager
+def memory_guard(fraction: float = 0.4) -> Iterator[None]:
+    """Cap this process's address space at its current size plus ``fraction`` of the memory
+    available now (Linux), for the search and selection of one subprogram. Some candidates
+    hold intermediates far larger than the operator (a summation split of a batch-16
+    512-channel convolution keeps a [16, 512, 14, 14, 512, 3] tensor: 10 GB, 18 GB as the
+    interpreter's float64); under the cap their allocation raises, and verification drops the
+    candidate, instead of the kernel's OOM killer ending the whole process."""
+    try:
+        import resource
+
+        cap = _meminfo("/proc/self/status", "VmSize") + max(
+            int(fraction * _meminfo("/proc/meminfo", "MemAvailable")), 1 << 30)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield  # already capped at least as tightly
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:

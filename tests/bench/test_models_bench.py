@@ -1,0 +1,49 @@
+"""The end-to-end benchmark's roofline counter and the optimizer's memory guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ollie.bench.models import graph_costs
+from ollie.optimizer.model import memory_guard, to_graph
+
+
+def test_graph_costs_counts_conv_and_linear_flops() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 4 * 4, 10)).eval()
+    g = to_graph(m, (torch.randn(2, 3, 4, 4),))
+    flops, nbytes = graph_costs(g)
+    assert flops == 2 * (2 * 8 * 4 * 4) * (3 * 3 * 3) + 2 * (2 * 10) * (8 * 4 * 4)
+    weights = sum(p.numel() for p in m.parameters()) * 4
+    assert nbytes >= weights + 4 * (2 * 3 * 4 * 4 + 2 * 10)
+
+
+def test_graph_costs_conv_transpose_per_input_element() -> None:
+    m = nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1, bias=False).eval()
+    g = to_graph(m, (torch.randn(1, 6, 2, 2),))
+    flops, _ = graph_costs(g)
+    assert flops == 2 * (6 * 2 * 2) * (4 * 4 * 4)
+
+
+def test_memory_guard_caps_and_restores_the_address_space() -> None:
+    resource = pytest.importorskip("resource")
+    try:
+        avail = next(int(ln.split()[1]) * 1024 for ln in
+                     Path("/proc/meminfo").read_text().splitlines()
+                     if ln.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/meminfo")
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with memory_guard(0.4):
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+        with pytest.raises(MemoryError):
+            np.empty(int(0.8 * avail), dtype=np.uint8)
+        small = np.ones(1 << 20)  # ordinary work still runs
+        assert small.sum() == 1 << 20
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
