@@ -80,3 +80,48 @@ def test_select_measures_and_caches(conv_result, tmp_path):
                    limit=4)
     assert again.baseline.cached and all(m.cached for m in again.measured)
     assert [m.seconds for m in again.measured] == [m.seconds for m in sel.measured]
+
+
+def test_select_times_original_and_candidates_interleaved(conv_result, tmp_path):
+    """The original and the candidates are timed in alternating rounds (one load affects all
+    alike), and a candidate must beat the original by the margin to be chosen."""
+    expr, res = conv_result
+    inputs = random_inputs(expr, seed=5)
+    a, k = torch.as_tensor(inputs["A"]), torch.as_tensor(inputs["K"])
+    calls: list[str] = []
+
+    def baseline():
+        calls.append("original")
+        return torch.nn.functional.conv2d(a, k, padding=1)
+
+    sel = select(expr, res.candidates, baseline, inputs, {"K": inputs["K"]}, limit=2,
+                 rounds=4)
+    assert len(sel.measured) >= 1
+    # warm-up calls first, then one sample (>= 1 call) of the original in each round
+    assert len(calls) >= 2 + 4
+    # an original far faster than any program is never replaced, whatever the margin
+    fast = select(expr, res.candidates, lambda: None, inputs, {"K": inputs["K"]}, limit=2,
+                  rounds=3, margin=0.0)
+    assert fast.best is fast.baseline and fast.best.program is None
+    # a candidate that is only marginally faster does not replace the original
+    sel.margin = 1.0
+    assert sel.best is sel.baseline
+    sel.margin = 0.0
+    assert sel.best.seconds == min(m.seconds for m in [sel.baseline, *sel.measured])
+
+
+def test_measure_alternating_interleaves_and_batches_fast_calls():
+    from ollie.tune.measure import measure_alternating
+
+    order: list[str] = []
+    res = measure_alternating({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                              rounds=3, warmup=1, min_sample=0.0)
+    assert order == ["a", "b"] + ["a", "b"] * 3
+    assert set(res) == {"a", "b"} and all(v >= 0 for v in res.values())
+    counts = {"a": 0}
+
+    def tiny():
+        counts["a"] += 1
+
+    measure_alternating({"a": tiny}, rounds=3, warmup=1, min_sample=1e-3)
+    assert counts["a"] > 1 + 3  # several calls per sample for a sub-microsecond function

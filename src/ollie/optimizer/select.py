@@ -1,8 +1,9 @@
 """Measured selection: turn verified candidates into post-processed programs, check them again,
 time them on the device (with the persistent cost cache), keep the fastest.
 
-The original operator is always measured too (``baseline``), and a candidate is chosen only
-when it is faster, so a subprogram is never made slower.
+The original operator is always measured too (``baseline``), in the same interleaved rounds
+as the candidates, and a candidate is chosen only when it is faster by a margin, so a
+subprogram is not made slower by a mis-measurement on a busy machine.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from ollie.program.program import Program
 from ollie.runtime.executor import CompiledProgram
 from ollie.search.candidate import Candidate, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
-from ollie.tune.measure import measure
+from ollie.tune.measure import measure_alternating
 
 log = logging.getLogger(__name__)
+
+MARGIN = 0.03
+"""A candidate must be this much faster (fraction of the original's time) to be chosen."""
 
 
 @dataclass
@@ -44,10 +48,16 @@ class Selection:
     baseline: Measured
     measured: list[Measured] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
+    margin: float = 0.0
 
     @property
     def best(self) -> Measured:
-        return min([self.baseline, *self.measured], key=lambda m: m.seconds)
+        """The fastest candidate if it beats the original by more than ``margin``, else the
+        original."""
+        fastest = min(self.measured, key=lambda m: m.seconds, default=None)
+        if fastest is None or fastest.seconds >= self.baseline.seconds * (1 - self.margin):
+            return self.baseline
+        return fastest
 
     @property
     def speedup(self) -> float:
@@ -80,35 +90,65 @@ def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
 def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], object],
            inputs: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray] | None = None,
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
-           samples: int = 512) -> Selection:
+           samples: int = 512, margin: float = MARGIN, rounds: int = 15,
+           max_seconds: float = 20.0) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
-    ``inputs``) and up to ``limit`` candidates; keep the fastest."""
+    ``inputs``) and up to ``limit`` verified candidates; keep the fastest.
+
+    All of them are timed together, in interleaved rounds (original, candidate 1, candidate 2,
+    ..., original, ...; median per program), so that load on the machine affects them alike:
+    timing them one after another let a busy moment make the original look slower than it is.
+    A candidate replaces the original only if it is faster by more than ``margin`` (a
+    fraction: noise must not pick a program that is really no faster). When every one of them
+    is in the cost cache (the same programs, shapes and device measured before), the cached
+    medians are used and nothing runs."""
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
-    base = _timed(f"baseline|{shapes}|{dev}|{_expr_key(expr)}", baseline, device, cache)
-    sel = Selection(Measured("original", base[0], cached=base[1]))
+    base_key = f"baseline|{shapes}|{dev}|{_expr_key(expr)}"
     reference = reference_sample(expr, inputs, samples)
     feed = {n: torch.as_tensor(v, device=device) for n, v in inputs.items()
             if n not in constants}
+    rejected: list[str] = []
+    verified: list[tuple[str, Program, Candidate, Callable[[], object]]] = []
     for cand in candidates[:limit]:
         try:
             prog = candidate_program(cand, expr, constants)
             ok, err = check_program(prog, expr, inputs, reference, device)
         except Exception as exc:  # a candidate that fails is only skipped
             log.warning("candidate %s failed after post-processing: %s", cand.summary(), exc)
-            sel.rejected.append(f"{cand.summary()}: {exc}")
+            rejected.append(f"{cand.summary()}: {exc}")
             continue
         if not ok:
             log.error("post-processed candidate disagrees with the original (error %.3g): %s",
                       err, cand.summary())
-            sel.rejected.append(f"{cand.summary()}: error {err:.3g}")
+            rejected.append(f"{cand.summary()}: error {err:.3g}")
             continue
+        key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}"
+        if any(key == k for k, *_ in verified):
+            continue  # the same program reached by another derivation
         compiled = CompiledProgram(prog, device)
         args = {n: feed[n] for n, _ in prog.inputs}
-        key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}"
-        secs, cached = _timed(key, lambda c=compiled, a=args: c.run(a), device, cache)
-        sel.measured.append(Measured(prog.summary(), secs, prog, cand, cached))
+        verified.append((key, prog, cand, lambda c=compiled, a=args: c.run(a)))
+    keys = [base_key, *(k for k, *_ in verified)]
+    hits = [cache.get(k) if cache is not None else None for k in keys]
+    cached = all(h is not None for h in hits)
+    if cached:
+        secs = [float(h) for h in hits]  # type: ignore[arg-type]
+    else:
+        fns = {k: fn for k, fn in zip(keys, [baseline, *(v[3] for v in verified)],
+                                       strict=True)}
+        timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
+                                    min_sample=2e-3)
+        secs = [timed[k] for k in keys]
+        if cache is not None:
+            for k, t in zip(keys, secs, strict=True):
+                if math.isfinite(t):
+                    cache.put(k, t)
+    sel = Selection(Measured("original", secs[0], cached=cached), margin=margin)
+    sel.rejected = rejected
+    for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
+        sel.measured.append(Measured(prog.summary(), t, prog, cand, cached))
     return sel
 
 
@@ -116,15 +156,3 @@ def _expr_key(expr: Expr) -> str:
     from ollie.fingerprint import fingerprint
 
     return fingerprint(expr)
-
-
-def _timed(key: str, fn: Callable[[], object], device: str, cache: CostCache | None
-           ) -> tuple[float, bool]:
-    if cache is not None:
-        hit = cache.get(key)
-        if hit is not None:
-            return hit, True
-    secs = measure(fn, device, repeats=15, min_seconds=0.25)
-    if cache is not None and math.isfinite(secs):
-        cache.put(key, secs)
-    return secs, False

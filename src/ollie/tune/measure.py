@@ -41,23 +41,34 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
 
 
 def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
-                        rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0
-                        ) -> dict[str, float]:
+                        rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
+                        min_sample: float = 0.0) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
-    so that a noisy machine affects all of them alike; ratios are then meaningful."""
+    so that a noisy machine affects all of them alike; ratios are then meaningful.
+
+    A sample of a function faster than ``min_sample`` seconds times that many back-to-back
+    calls (the count estimated from the warm-up) and divides, so that timer and scheduling
+    jitter do not dominate microsecond operators. At least 3 rounds run; later rounds stop
+    once ``max_seconds`` have passed."""
     with torch.inference_mode():
-        for fn in fns.values():
+        inner: dict[str, int] = {}
+        for name, fn in fns.items():
+            t = time.perf_counter()
             for _ in range(warmup):
                 fn()
-        _sync(device)
+            _sync(device)
+            per = (time.perf_counter() - t) / max(warmup, 1)
+            inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 else 1
         times: dict[str, list[float]] = {name: [] for name in fns}
         start = time.perf_counter()
         for r in range(rounds):
             for name, fn in fns.items():
+                n = inner[name]
                 t = time.perf_counter()
-                fn()
+                for _ in range(n):
+                    fn()
                 _sync(device)
-                times[name].append(time.perf_counter() - t)
+                times[name].append((time.perf_counter() - t) / n)
             if r >= 2 and time.perf_counter() - start > max_seconds:
                 break
     return {name: statistics.median(ts) for name, ts in times.items()}
