@@ -48,9 +48,11 @@ def ort_single_op(op: str, inputs: dict[str, np.ndarray], weights: dict[str, np.
     return lambda: sess.run(None, feed)
 
 
-def g2bmm_formulations(q: torch.Tensor, k: torch.Tensor, w: int, d: int
+def g2bmm_formulations(q: torch.Tensor, k: torch.Tensor, w: int, d: int,
+                       tiles: tuple[int, ...] = (128, 256, 512, 1024)
                        ) -> dict[str, Callable[[], torch.Tensor]]:
-    """Plain PyTorch ways to compute a (dilated) G2BMM; the benchmark keeps the fastest."""
+    """Plain PyTorch ways to compute a (dilated) G2BMM; the benchmark keeps the fastest.
+    ``tiles``: the row-block sizes of the blocked formulation tried."""
     b, m, kk = q.shape
     pad = d * w
 
@@ -73,13 +75,57 @@ def g2bmm_formulations(q: torch.Tensor, k: torch.Tensor, w: int, d: int
             out[:, i0:i0 + n] = torch.matmul(win, q[:, i0:i0 + n].unsqueeze(-1)).squeeze(-1)
         return out
 
-    return {"shifted slices": shifted_loop, "strided windows + matmul": windows_bmm}
+    def blocked(t: int) -> Callable[[], torch.Tensor]:
+        # blocks of t rows: one batched GEMM of the block's rows against the K rows they can
+        # reach ([r0 - dw, r0 + t + dw) clipped to [0, m)), then the band (every d-th column
+        # along each row's diagonal) gathered by one strided copy; entries whose K row falls
+        # outside [0, m) are masked to zero. Scratch allocated once, outside the timing.
+        reach = d * w
+        span = t + 2 * reach
+        scratch = q.new_empty(b * t * span + 2 * span)
+        cols = torch.arange(t, device=q.device)[:, None] + d * torch.arange(2 * w + 1,
+                                                                            device=q.device)
+        zero = q.new_zeros(())
+
+        def run() -> torch.Tensor:
+            out = q.new_empty(b, m, 2 * w + 1)
+            for r0 in range(0, m, t):
+                tr = min(t, m - r0)
+                lo, hi = max(0, r0 - reach), min(m, r0 + tr + reach)
+                c0, c1, wr = lo - (r0 - reach), hi - (r0 - reach), hi - lo
+                p = scratch[span:span + b * tr * wr].view(b, tr, wr)
+                torch.bmm(q[:, r0:r0 + tr], k[:, lo:hi].transpose(1, 2), out=p)
+                band = scratch.as_strided((b, tr, 2 * w + 1), (tr * wr, wr + 1, d), span - c0)
+                if c0 or c1 < tr + 2 * reach:
+                    keep = (cols[:tr] >= c0) & (cols[:tr] < c1)
+                    torch.where(keep, band, zero, out=out[:, r0:r0 + tr])
+                else:
+                    out[:, r0:r0 + tr] = band
+            return out
+
+        return run
+
+    forms = {"shifted slices": shifted_loop, "strided windows + matmul": windows_bmm}
+    for t in sorted({min(t, m) for t in tiles}):
+        forms[f"blocked bmm, {t}-row blocks"] = blocked(t)
+    return forms
 
 
 def best_of(fns: dict[str, Callable[[], object]], device: str = "cpu") -> tuple[str, Callable]:
-    """The fastest of several formulations (measured once each)."""
+    """The fastest of several formulations: each is run once, those within 2x of the fastest
+    are then timed (median of 3 after a warm-up), so a formulation 50x slower than the best is
+    not run a dozen times."""
+    import time
+
     from ollie.tune.measure import measure
 
-    times = {name: measure(fn, device, warmup=1, repeats=3) for name, fn in fns.items()}
+    first: dict[str, float] = {}
+    for name, fn in fns.items():
+        t = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - t
+    fastest = min(first.values())
+    times = {name: measure(fn, device, warmup=1, repeats=3) for name, fn in fns.items()
+             if first[name] <= 2 * fastest}
     name = min(times, key=times.get)
     return name, fns[name]
