@@ -83,9 +83,13 @@ def run_case(name: str, budget: float, device: str, cache: CostCache, copy_bw: f
     sel = select(expr, res.candidates, first, inputs, consts, device, cache, limit=16)
     best = sel.best
     fns = dict(base)
+    # every program the selection timed (interleaved with the original operator)
+    measured = {"original operator": sel.baseline.seconds * 1e3}
+    for m in sorted(sel.measured, key=lambda m: m.seconds):
+        measured.setdefault(m.label, m.seconds * 1e3)
     row = {"case": name, "what": case.what, "candidates": res.stats["candidates"],
            "search_seconds": res.stats["seconds"], "program": "original operator",
-           "eops": []}
+           "eops": [], "selection_ms": measured}
     if best.program is not None:
         compiled = CompiledProgram(best.program, device)
         feed = {n: torch.as_tensor(inputs[n], device=device) for n, _ in best.program.inputs}
@@ -117,6 +121,11 @@ def table(rows: list[dict], copy_bw: float) -> list[str]:
         bw = "; ".join(f"{e['GBps']:.1f} GB/s ({100 * e['of_copy']:.0f}%)" for e in r["eops"])
         out.append(f"| {r['case']} | {bases} | {r['ollie_ms']:.3f} | {sp} | {r['program']} | "
                    f"{bw or '-'} |")
+    out += ["", "Programs timed by the measured selection (interleaved with the original "
+            "operator; ms, fastest first):", ""]
+    for r in rows:
+        sel = "; ".join(f"{k} {v:.3f}" for k, v in list(r.get("selection_ms", {}).items())[:6])
+        out.append(f"* {r['case']}: {sel}")
     return out
 
 

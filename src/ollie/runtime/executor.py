@@ -32,17 +32,30 @@ log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
 
-def _conv_fn(k: Kernel) -> KernelFn:
+def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """Symmetric padding runs ``conv2d``; with a constant weight on the CPU the weight is packed
+    for oneDNN once, here (:mod:`ollie.runtime.onednn`), and ``alpha`` folded into it."""
     p = k.params
     symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
     stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
+    pad = (int(p["ph"]), int(p["pw"]))
     alpha = float(p.get("alpha", 1.0))
+    if symmetric and constants is not None and k.inputs[1] in constants and \
+            k.inputs[0] not in constants:
+        from ollie.runtime import onednn
+
+        w = library._input(k, 1, constants)
+        shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
+        packed = onednn.packed_conv2d(w * alpha if alpha != 1.0 else w, shape, stride, pad,
+                                      dil)
+        if packed is not None:
+            return lambda env, out: packed(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         if not symmetric:
             return library.run_kernel(k, env)
         x, w = library._input(k, 0, env), library._input(k, 1, env)
-        y = F.conv2d(x, w, stride=stride, padding=(int(p["ph"]), int(p["pw"])), dilation=dil)
+        y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
         return y if alpha == 1.0 else y.mul_(alpha)
 
     return run
@@ -107,10 +120,13 @@ def _node_fn(k: Kernel) -> KernelFn:
     return run
 
 
-def compile_kernel(k: Kernel, backend: str = "cpu") -> KernelFn:
+def compile_kernel(k: Kernel, backend: str = "cpu",
+                   constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """A callable ``(env, out) -> tensor`` executing ``k``; the result has the shape of the
-    kernel's expression (library operators compute it in a compatible flat layout)."""
-    fn = _compile(k, backend)
+    kernel's expression (library operators compute it in a compatible flat layout).
+    ``constants``: the program's constant tensors, which a kernel may pre-process once (a
+    convolution's weight packed for oneDNN)."""
+    fn = _compile(k, backend, constants)
     shape = tuple(k.output_shape)
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
@@ -120,11 +136,12 @@ def compile_kernel(k: Kernel, backend: str = "cpu") -> KernelFn:
     return run
 
 
-def _compile(k: Kernel, backend: str) -> KernelFn:
+def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None
+             ) -> KernelFn:
     if k.kind == "eOp":
         return _eop_fn(k, backend)
     if k.kind == "Conv":
-        return _conv_fn(k)
+        return _conv_fn(k, constants if backend == "cpu" else None)
     if k.kind == "Matmul":
         return _matmul_fn(k)
     if k.kind == "Alias":
@@ -147,7 +164,7 @@ class CompiledProgram:
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
         self.constants = {n: torch.tensor(np.asarray(v, dtype=np.float32), device=self.device)
                           for n, v in program.constants.items()}
-        self.fns = [compile_kernel(k, self.backend) for k in program.kernels]
+        self.fns = [compile_kernel(k, self.backend, self.constants) for k in program.kernels]
         self._plan()
 
     def _plan(self) -> None:
