@@ -24,12 +24,17 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
+RUNTIME_VERSION = 2
+"""Bumped whenever kernels or the executor change in a way that changes measured times (it is
+part of every key, so measurements and decisions of an older runtime are not reused)."""
+
+
 def device_key(device: str) -> str:
-    """A description of the device measurements are valid for."""
+    """A description of the device (and runtime version) measurements are valid for."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name()}"
+        return f"v{RUNTIME_VERSION}:cuda:{torch.cuda.get_device_name()}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"cpu:{platform.machine()}:{platform.processor() or '-'}:{cores}c:" \
+    return f"v{RUNTIME_VERSION}:cpu:{platform.machine()}:{platform.processor() or '-'}:{cores}c:" \
            f"torch{torch.__version__}:threads{torch.get_num_threads()}"
 
 
