@@ -65,3 +65,47 @@ def test_program_with_constant_conv_weight_uses_the_packed_path(monkeypatch):
         got = CompiledProgram(prog).run({"A": inputs["A"]})[prog.outputs[0]].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
     assert built  # at least one Conv kernel packed its constant weight
+
+
+@needs_onednn
+@pytest.mark.parametrize(("stride", "pad", "opad", "dil"), [
+    ((2, 2), (1, 1), (0, 0), (1, 1)), ((3, 2), (0, 1), (1, 0), (1, 1)),
+    ((1, 1), (2, 2), (0, 0), (2, 1))])
+def test_packed_conv_transpose_matches_conv_transpose2d(stride, pad, opad, dil):
+    torch.manual_seed(1)
+    x, wt, b = torch.randn(2, 6, 5, 4), torch.randn(6, 3, 4, 3), torch.randn(3)
+    conv = onednn.packed_conv_transpose2d(wt, tuple(x.shape), stride, pad, opad, dil, bias=b)
+    assert conv is not None
+    want = F.conv_transpose2d(x, wt, b, stride, pad, opad, 1, dil)
+    torch.testing.assert_close(conv(x), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_node_runner_packs_per_input_shape_and_declines_other_nodes():
+    torch.manual_seed(2)
+    wt, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    attrs = {"padding": [1, 1, 1, 1], "stride": [1, 1], "dilation": [1, 1], "groups": 1}
+    run = onednn.node_runner("Conv2d", attrs, wt, b)
+    assert run is not None
+    for shape in [(1, 3, 8, 8), (2, 3, 5, 7), (1, 3, 8, 8)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(run(x), F.conv2d(x, wt, b, padding=1), rtol=1e-4,
+                                   atol=1e-4)
+    assert onednn.node_runner("Relu", {}, wt, None) is None
+    asym = {"padding": [1, 1, 0, 0]}
+    assert onednn.node_runner("Conv2d", asym, wt, b) is None
+
+
+@needs_onednn
+def test_models_with_convolutions_still_match_after_optimisation():
+    """End to end: the optimised program (whose original convolutions now run packed) agrees
+    with the module."""
+    from torch import nn
+
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                      nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.Tanh()).eval()
+    x = torch.randn(1, 3, 6, 6)
+    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, use_cache=False)
+    with torch.inference_mode():
+        torch.testing.assert_close(prog(x), m(x), rtol=1e-3, atol=1e-4)

@@ -105,11 +105,23 @@ def _alias_fn(k: Kernel) -> KernelFn:
     return run
 
 
-def _node_fn(k: Kernel) -> KernelFn:
+def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """A graph operator run as it is; a convolution whose weight (and bias) are constants of
+    the program runs with the weight packed once (:func:`ollie.runtime.onednn.node_runner`)."""
     from ollie.graph import run_node
 
     node = k.params["node"]
     extra = list(node.outputs[1:])  # type: ignore[attr-defined]
+    ins = list(k.inputs)
+    if constants is not None and len(ins) in (2, 3) and not extra and \
+            all(n in constants for n in ins[1:]) and ins[0] not in constants:
+        from ollie.runtime import onednn
+
+        fast = onednn.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+                                  constants[ins[1]],
+                                  constants[ins[2]] if len(ins) == 3 else None)
+        if fast is not None:
+            return lambda env, out: fast(env[ins[0]])
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         outs = run_node(node, [env[n] for n in k.inputs])  # type: ignore[arg-type]
@@ -147,7 +159,7 @@ def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | No
     if k.kind == "Alias":
         return _alias_fn(k)
     if k.kind == "Node":
-        return _node_fn(k)
+        return _node_fn(k, constants if backend == "cpu" else None)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)
     raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")

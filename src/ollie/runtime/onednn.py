@@ -1,15 +1,18 @@
 """Convolutions with weights packed once (oneDNN, CPU): the library Conv kernel's fast path.
 
-PyTorch eager's ``conv2d`` on the CPU re-lays out the weight into oneDNN's blocked format on
-every call; for a program whose weights are constants (inference) the re-layout can be done
-once, when the program is compiled, as torch.compile's weight freezing and ONNX Runtime do. The
-packed weight is then used by ``torch.ops.mkldnn._convolution_pointwise`` (the same oneDNN
-primitive, without the per-call reorder).
+PyTorch eager's ``conv2d`` / ``conv_transpose2d`` on the CPU re-lay out the weight into
+oneDNN's blocked format on every call; for a program whose weights are constants (inference)
+the re-layout can be done once, when the program is compiled, as torch.compile's weight
+freezing and ONNX Runtime do. The packed weight is then used by
+``torch.ops.mkldnn._convolution_pointwise`` / ``_convolution_transpose_pointwise`` (the same
+oneDNN primitives, without the per-call reorder).
 
-:func:`packed_conv2d` returns a callable, or ``None`` when the path is unavailable (no oneDNN
-in this torch build, not a CPU tensor, an input size the primitive rejects), in which case the
-caller keeps ``torch.nn.functional.conv2d``. Every packed convolution is checked once against
-``conv2d`` on a random input when it is built; a disagreement also gives ``None``.
+:func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
+the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
+the primitive rejects), in which case the caller keeps the torch function. Every packed
+convolution is checked once against the torch function on a random input when it is built; a
+disagreement also gives ``None``. :func:`node_runner` does this for graph nodes (the original
+operators a program keeps), packing on the first call for each input shape.
 """
 
 from __future__ import annotations
@@ -31,34 +34,107 @@ def available() -> bool:
             and hasattr(torch._C._nn, "mkldnn_reorder_conv2d_weight"))
 
 
+def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...]) -> Conv | None:
+    """``run`` if it agrees with ``ref`` on a random input of ``input_shape``, else None."""
+    with torch.inference_mode():
+        probe = torch.randn(input_shape)
+        want, got = ref(probe), run(probe)
+    scale = float(want.abs().max()) + 1e-6
+    if got.shape != want.shape or float((got - want).abs().max()) > 1e-3 * scale:
+        log.warning("packed oneDNN convolution disagrees with torch for input %s; using "
+                    "torch", list(input_shape))
+        return None
+    return run
+
+
+def _usable(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and available()
+
+
 def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                   stride: tuple[int, int], padding: tuple[int, int],
-                  dilation: tuple[int, int], bias: torch.Tensor | None = None) -> Conv | None:
-    """``x -> conv2d(x, weight, bias, stride, padding, dilation)`` for NCHW inputs of
+                  dilation: tuple[int, int], bias: torch.Tensor | None = None,
+                  groups: int = 1) -> Conv | None:
+    """``x -> conv2d(x, weight, bias, stride, padding, dilation, groups)`` for NCHW inputs of
     ``input_shape``, with ``weight`` packed now; ``None`` where that is not possible."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not available():
+    if not _usable(weight):
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     pad, st, dil = list(padding), list(stride), list(dilation)
     try:
         packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
-            w.to_mkldnn(), pad, st, dil, 1, list(input_shape))
+            w.to_mkldnn(), pad, st, dil, groups, list(input_shape))
         op = torch.ops.mkldnn._convolution_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, st, dil, 1, "none", [], "")
+            return op(x.contiguous(), packed, b, pad, st, dil, groups, "none", [], "")
 
-        with torch.inference_mode():
-            probe = torch.randn(input_shape)
-            want = F.conv2d(probe, w, b, stride=st, padding=pad, dilation=dil)
-            got = run(probe)
-        scale = float(want.abs().max()) + 1e-6
-        if got.shape != want.shape or float((got - want).abs().max()) > 1e-3 * scale:
-            log.warning("packed oneDNN convolution disagrees with conv2d for input %s; "
-                        "using conv2d", list(input_shape))
-            return None
+        return _checked(run, lambda x: F.conv2d(x, w, b, st, pad, dil, groups), input_shape)
     except (RuntimeError, NotImplementedError) as exc:
         log.info("no packed oneDNN convolution for input %s: %s", list(input_shape), exc)
         return None
+
+
+def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
+                            stride: tuple[int, int], padding: tuple[int, int],
+                            output_padding: tuple[int, int], dilation: tuple[int, int],
+                            bias: torch.Tensor | None = None, groups: int = 1
+                            ) -> Conv | None:
+    """As :func:`packed_conv2d` for ``conv_transpose2d`` (weight ``[C, F/groups, R, S]``)."""
+    if not _usable(weight):
+        return None
+    w = weight.detach().contiguous()
+    b = None if bias is None else bias.detach().contiguous()
+    pad, opad, st, dil = list(padding), list(output_padding), list(stride), list(dilation)
+    try:
+        packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(
+            w, pad, opad, st, dil, groups, list(input_shape))
+        op = torch.ops.mkldnn._convolution_transpose_pointwise
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, "none", [], "")
+
+        return _checked(run, lambda x: F.conv_transpose2d(x, w, b, st, pad, opad, groups, dil),
+                        input_shape)
+    except (RuntimeError, NotImplementedError) as exc:
+        log.info("no packed oneDNN transposed convolution for input %s: %s",
+                 list(input_shape), exc)
+        return None
+
+
+def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None
+                ) -> Conv | None:
+    """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
+    ``bias``) and symmetric padding: a callable running it with the weight packed, on the first
+    call for each input shape. ``None`` for other nodes; a shape that cannot be packed falls
+    back to the torch function."""
+    from ollie.graph.execute import _pad4, _pair
+
+    if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight):
+        return None
+    top, left, bottom, right = _pad4(attrs.get("padding", 0))
+    if (top, left) != (bottom, right):
+        return None
+    pad = (top, left)
+    st, dil = _pair(attrs.get("stride", 1)), _pair(attrs.get("dilation", 1))
+    groups = int(attrs.get("groups", 1))
+    opad = _pair(attrs.get("output_padding", 0))
+    cache: dict[tuple[int, ...], Conv] = {}
+
+    def fallback(x: torch.Tensor) -> torch.Tensor:
+        if op == "Conv2d":
+            return F.conv2d(x, weight, bias, st, pad, dil, groups)
+        return F.conv_transpose2d(x, weight, bias, st, pad, opad, groups, dil)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        shape = tuple(x.shape)
+        fn = cache.get(shape)
+        if fn is None:
+            packed = (packed_conv2d(weight, shape, st, pad, dil, bias, groups)
+                      if op == "Conv2d" else
+                      packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups))
+            fn = cache[shape] = packed or fallback
+        return fn(x)
+
     return run
