@@ -32,7 +32,7 @@ import torch
 
 from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
-from ollie.graph import Graph, Node, run_graph, run_node
+from ollie.graph import Graph, Node, run_graph
 from ollie.ir import Expr
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import select
@@ -273,11 +273,8 @@ class _Optimizer:
         with memory_guard():
             res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
-            feed = [torch.tensor(inputs[n], device=cfg.device) for n, _ in expr.decls]
-            canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
-                         dict(node.attrs), node.name)
-            sel = select(expr, res.candidates, lambda: run_node(canon, feed), inputs, weights,
-                         cfg.device, self.cache, limit=cfg.max_candidates)
+            sel = select(expr, res.candidates, self.original(node, expr, inputs, weights),
+                         inputs, weights, cfg.device, self.cache, limit=cfg.max_candidates)
         best = sel.best
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
@@ -286,6 +283,22 @@ class _Optimizer:
         cand = best.candidate
         return _Outcome(list(cand.kernels), cand.output, best.program.summary(),
                         cand.derivation, sel.baseline.seconds, best.seconds, ncand)
+
+    def original(self, node: Node, expr: Expr, inputs: Mapping[str, np.ndarray],
+                 weights: Mapping[str, np.ndarray]) -> Callable[[], object]:
+        """The original operator as the optimised program would run it if kept (a ``Node``
+        kernel of the executor, weights as constants: a convolution's weight packed once),
+        on ``inputs``: the baseline every candidate must beat."""
+        canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
+                     dict(node.attrs), node.name)
+        kernel = Kernel("Node", {"node": canon, "op": canon.op}, canon.inputs,
+                        canon.outputs[0], None, (), tuple(expr.shape))
+        prog = Program(tuple((n, s) for n, s in expr.decls if n not in weights),
+                       (canon.outputs[0],), [kernel],
+                       {n: np.asarray(v, np.float32) for n, v in weights.items()})
+        compiled = CompiledProgram(prog, self.config.device)
+        feed = {n: torch.tensor(inputs[n], device=self.config.device) for n, _ in prog.inputs}
+        return lambda: compiled.run(feed)
 
     def note(self, text: str) -> None:
         log.warning(text)
