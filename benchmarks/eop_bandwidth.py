@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/eop_bandwidth.py [--reps 20] [--cache-dir DIR]
+    .venv/bin/python benchmarks/eop_bandwidth.py [--reps 20] [--cache-dir DIR] [--cases a,b]
 
 Copy bandwidth: ``np.copyto`` of a 256 MB float32 array, best of 5, counting bytes read plus
 bytes written. Each case is a memory-bound eOperator of realistic size; its time is the median
@@ -14,7 +14,9 @@ Cases: the Conv3x3 -> Matmul OffsetAdd of ResNet-18's [1,512,7,7] layer and of a
 [16,256,14,14] layer (both read the matmul output laid out [n, f, h, w, r, s]), the InfoGAN
 ConvTranspose selective add ([16,256,4,4] output from a [16,2,2,256,4,4] matmul output, and a
 bigger [16,64,28,28] one), a layout transform splitting dimension 1 of a [8,10000,64] tensor
-by 4 (plain and div/mod form). Working sets below the 32 MB L3 can beat DRAM copy bandwidth.
+by 4 (plain and div/mod form), the Conv5x5 (SRCNN) input layout transform NCHW -> NHWC of a
+[16,32,224,224] tensor (the expression a derived candidate holds). Working sets below the
+32 MB L3 can beat DRAM copy bandwidth.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def merge_torch(t: dict[str, torch.Tensor]) -> torch.Tensor:
     return b.permute(0, 2, 1, 3).reshape(8, 10000, 64)
 
 
+def channels_last_torch(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    return t["A"].permute(0, 2, 3, 1).contiguous()
+
+
 CASES = [
     Case("OffsetAdd conv3x3 [1,512,7,7]", """
         T: [1, 512, 7, 7, 3, 3]
@@ -100,6 +106,11 @@ CASES = [
         B: [8, 4, 2500, 64]
         L<b=0:8, i=0:10000, d=0:64> B[b, i % 4, i / 4, d]
     """, merge_torch),
+    # the input layout eOp of the Conv5x5 (SRCNN) -> Matmul derivation, as the search emits it
+    Case("Layout NCHW->NHWC [16,32,224,224]", """
+        A: [16, 32, 224, 224]
+        L<n=0:16, t=2:226, t1=2:226, c=0:32> A[n, c, t - 2, t1 - 2]
+    """, channels_last_torch),
 ]
 
 
@@ -131,6 +142,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--cases", default="",
+                        help="only the cases whose name contains one of these comma-separated "
+                             "words (case-insensitive)")
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth (np.copyto 256 MB, read+write, best of 5): {copy_bw / 1e9:.2f} GB/s")
@@ -140,7 +154,10 @@ def main() -> None:
               f"{'GB/s':>6s} {'of copy':>7s} {'torch ms':>9s} {'torch1 ms':>9s} {'speedup':>7s}")
     print(header)
     print("-" * len(header))
+    words = [w.strip().lower() for w in args.cases.split(",") if w.strip()]
     for case in CASES:
+        if words and not any(w in case.name.lower() for w in words):
+            continue
         expr = ollie.parse(case.text)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(s, dtype=np.float32) for n, s in expr.decls}

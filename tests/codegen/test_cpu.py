@@ -300,3 +300,48 @@ def test_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path):
     k = compile_cpu("A: [3]\nL<i=0:3> A[2 - i] * 7", cache_dir=blocker / "kernels")
     assert k.path.exists() and blocker not in k.path.parents
     np.testing.assert_array_equal(k({"A": np.arange(3, dtype=np.float32)}), [14, 7, 0])
+
+
+# --------------------------------------------------------------------- residue split, tiling
+@pytest.mark.parametrize("text", [
+    # stride 2, 4x4 kernel, padding 1 (the InfoGAN selective add), odd spatial size
+    """Y: [2, 2, 3, 5, 4, 4]
+       L<n=0:2, c=0:5, h=0:4, w=0:5> Sum<y=0:2, x=0:3> Y[n, y, x, c, h + 1 - 2*y, w + 1 - 2*x]""",
+    # stride 3, kernel 5, padding on both sides, traversal not starting at 0
+    """Y: [3, 2, 5, 4]
+       L<h=-2:7, c=0:4> Sum<y=0:3> Y[y, c % 2, h + 2 - 3*y, c] * 0.5""",
+    # negated, positive stride coefficient, a summation range wider than the read's
+    """Y: [3, 6, 2]
+       L<h=0:8, c=0:2> Sum<y=-1:4> -Y[y, 2*y - h + 1, c]""",
+    # coefficient of t not 1 (4 = 2 * 2): residues of 2
+    """Y: [2, 9]
+       L<h=0:5> Sum<y=0:2> Y[y, 2*h - 4*y + 1]""",
+])
+def test_residue_split_selective_adds(text):
+    expr = ollie.parse(text)
+    src = generate_source(expr)
+    assert "more residue nest" in src or "nest_1(" in src, src  # one function or several
+    check(expr)
+
+
+def test_residue_split_not_applied_without_implied_range_or_long_quotients():
+    # y's range is narrower than the dimension it indexes: no split (still exact)
+    text = "Y: [4, 6]\nL<h=0:4> Sum<y=1:3> Y[y, h + 1 - 2*y]"
+    assert "residue" not in generate_source(ollie.parse(text))
+    check(text)
+    text = """Y: [16, 14, 4]
+        L<h=0:28> Sum<y=0:14> Y[h % 16, y, h + 1 - 2*y]"""
+    assert "residue" not in generate_source(ollie.parse(text))
+    check(text)
+
+
+@pytest.mark.parametrize("text", [
+    "A: [2, 20, 3, 37]\nL<n=0:2, h=0:3, w=0:37, c=0:20> A[n, c, h, w]",
+    "A: [3, 20, 18]\nL<n=0:3, t=1:19, c=0:20> A[n, c, t - 1]",
+    # padding along the tiled iterator on both sides
+    "A: [2, 17, 33]\nL<n=0:2, w=-2:35, c=0:17> A[n, c, w] * 2",
+])
+def test_transpose_is_tiled(text):
+    expr = ollie.parse(text)
+    assert "tiles of x" in generate_source(expr)
+    check(expr)

@@ -1,7 +1,8 @@
 """The CPU eOperator backend: :func:`compile_cpu` generates numba loop nests.
 
 Pipeline: :func:`~ollie.codegen.plan.make_plan` inlines or materialises nested scopes into a
-sequence of loop nests over flat buffers; :func:`~ollie.codegen.analysis.analyse` classifies
+sequence of loop nests over flat buffers; :func:`~ollie.codegen.residue.split_residues` splits
+strided selective sums by residue; :func:`~ollie.codegen.analysis.analyse` classifies
 every read dimension by range analysis (which reads need bounds checks where, the interior
 interval of the innermost traversal loop, clamped summation loops, how the leading loops are
 fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the Python source
@@ -38,6 +39,7 @@ from ollie.codegen.cache import decls_key, default_cache_dir, full_key, load_mod
 from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
 from ollie.codegen.plan import Plan, make_plan
+from ollie.codegen.residue import split_residues
 from ollie.fingerprint import canonical_form, fingerprint
 from ollie.ir import Expr, format_expr, parse
 
@@ -93,7 +95,7 @@ def _configure_numba() -> None:
 
 def generate_source(expr: Expr, canonical: str | None = None) -> str:
     """The generated module text for ``expr`` (no caching, no import)."""
-    plan = make_plan(expr)
+    plan = split_residues(make_plan(expr))
     infos = analyse_plan(plan)
     header = {"text": format_expr(expr),
               "CANONICAL": canonical if canonical is not None else canonical_form(expr)}

@@ -11,6 +11,11 @@ shape (see :mod:`ollie.codegen.analysis` for the classification)::
             for i3 in range(_lo, _hi): INTERIOR POINT   (no bounds checks)
             for i3 in range(_hi, _xb): BOUNDARY POINT
 
+When the output's contiguous iterator reads strided and x writes strided (a transpose), it is
+looped inside tiles of :data:`~ollie.codegen.analysis.X_TILE` x values (``for _xt``, then it,
+then x over the tile). The residue nests of one nest (:mod:`ollie.codegen.residue`) share one
+function: its fused loops over their common outer iterators, then each nest's own loops.
+
 A point evaluates the body (one SSA statement per node, equal sub-expressions shared) inside the
 summation loops and accumulates. A clamped summation loop that has at most
 :data:`MAX_MASKED_TRIPS` in-bounds values, fewer than its range (a stride-``k`` selective add),
@@ -26,8 +31,8 @@ give NaN (``error_model="numpy"``: no exceptions, division by zero gives inf/NaN
 
 from __future__ import annotations
 
-from ollie.codegen.analysis import NestInfo, Read
-from ollie.codegen.plan import Plan
+from ollie.codegen.analysis import X_TILE, NestInfo, Read
+from ollie.codegen.plan import Nest, Plan
 from ollie.ir import Access, Affine, BinOp, Call, Const, Neg, Node
 from ollie.ir.index import FloorDiv, Var
 
@@ -94,14 +99,17 @@ class _NestEmitter:
         return render(e, self.names)
 
     # ------------------------------------------------------------------ the function
-    def function(self, name: str) -> str:
+    def function(self, name: str, group: tuple[_NestEmitter, ...] = ()) -> str:
+        """The nest function; ``group``: emitters of further nests sharing its fused loops."""
         info = self.info
-        params = sorted({r.buffer.ident for r in info.reads.values()})
+        infos = [info, *(em.info for em in group)]
+        params = sorted({r.buffer.ident for i in infos for r in i.reads.values()})
         sig = ", ".join(["float32[::1]"] * (len(params) + 1))
         self.emit(0, f'@njit("void({sig})", parallel={info.parallel}, fastmath=False, '
                      'cache=True, error_model="numpy", boundscheck=False)')
         self.emit(0, f"def {name}({', '.join([*params, 'out'])}):")
-        self.emit(1, '"""' + _doc(info) + '"""')
+        more = f" (and {len(group)} more residue nest(s))" if group else ""
+        self.emit(1, '"""' + _doc(info) + more + '"""')
         if info.x is None:
             self.point(1, interior=False)
             return "\n".join(self.lines)
@@ -124,19 +132,35 @@ class _NestEmitter:
                 q = f"_q{k}"
             else:
                 self.emit(2, f"{self.names[it.name]} = {q} + {it.lo}")
-        depth = 2
+        for em in (self, *group):
+            em.lines = self.lines
+            em.inner_loops(2)
+        return "\n".join(self.lines)
+
+    def inner_loops(self, depth: int) -> None:
+        """The outer traversal loops that are not fused, then the x loops."""
+        info = self.info
         for it in info.outer[info.fused:]:
             self.emit(depth, f"for {self.names[it.name]} in range({it.lo}, {it.hi}):")
             depth += 1
-        self.x_loops(depth)
-        return "\n".join(self.lines)
+        tile, x = info.tile, info.x
+        if tile is None or x is None:
+            self.x_loops(depth)
+            return
+        self.emit(depth, f"for _xt in range({-(-x.size // X_TILE)}):  # tiles of x")
+        self.emit(depth + 1, f"_xa = {x.lo} + _xt * {X_TILE}")
+        self.emit(depth + 1, f"_xb = min(_xa + {X_TILE}, {x.hi})")
+        self.emit(depth + 1, f"for {self.names[tile.name]} in range({tile.lo}, {tile.hi}):")
+        self.x_loops(depth + 2, ("_xa", "_xb"))
 
-    def x_loops(self, depth: int) -> None:
+    def x_loops(self, depth: int, tiled: tuple[str, str] | None = None) -> None:
         info = self.info
         x = info.x
         assert x is not None
         xn = self.names[x.name]
-        if info.xblocks > 1:
+        if tiled is not None:
+            xa, xb = tiled
+        elif info.xblocks > 1:
             block = -(-x.size // info.xblocks)
             self.emit(depth, f"_xa = {x.lo} + _blk * {block}")
             self.emit(depth, f"_xb = min(_xa + {block}, {x.hi})")
@@ -351,7 +375,18 @@ def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str]) -> st
     """Source of the kernel module: constants, nest functions and the ``run`` driver."""
     consts = Consts()
     consts.get(0.0, "float32")
-    funcs = [_NestEmitter(info, consts).function(f"nest_{k}") for k, info in enumerate(infos)]
+    funcs: list[str] = []
+    calls: list[tuple[int, Nest, list[NestInfo]]] = []
+    k = 0
+    while k < len(infos):
+        j = k + 1
+        outer = plan.nests[k].outer
+        while outer and j < len(infos) and plan.nests[j].outer == outer:
+            j += 1
+        group = tuple(_NestEmitter(info, consts) for info in infos[k + 1:j])
+        funcs.append(_NestEmitter(infos[k], consts).function(f"nest_{len(funcs)}", group))
+        calls.append((len(funcs) - 1, plan.nests[k], infos[k:j]))
+        k = j
     lines = ['"""Generated by ollie.codegen.cpu (do not edit).', ""]
     lines += ["    " + ln for ln in header["text"].splitlines()]
     lines += ['"""', "", "import numpy as np", "from numba import njit, prange  # noqa: F401", ""]
@@ -366,7 +401,7 @@ def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str]) -> st
     lines.append('    """Runs the nests in order (flat float32 buffers)."""')
     for b in plan.temps:
         lines.append(f"    {b.ident} = np.empty({b.size}, np.float32)")
-    for k, (nest, info) in enumerate(zip(plan.nests, infos, strict=True)):
-        args = sorted({r.buffer.ident for r in info.reads.values()})
+    for k, nest, members in calls:
+        args = sorted({r.buffer.ident for info in members for r in info.reads.values()})
         lines.append(f"    nest_{k}({', '.join([*args, nest.target.ident])})")
     return "\n".join(lines) + "\n"

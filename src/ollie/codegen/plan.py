@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from ollie.ir import Access, Expr, Node, Scope, children, map_body, tensor_names
+from ollie.ir import Access, Affine, Expr, Node, Scope, children, map_body, tensor_names, var
 from ollie.ir.nodes import BinOp, Call, Neg
 
 INLINE_MAX_OPS = 4
@@ -62,6 +62,18 @@ class Nest:
 
     scope: Scope
     target: Buffer
+    out_index: tuple[Affine, ...] | None = None
+    """The output element each point writes, by target dimension; ``None``: the traversal
+    iterators in order (residue nests, :mod:`ollie.codegen.residue`, write strided subsets)."""
+    outer: tuple[str, ...] = ()
+    """Iterators looped outermost, in this order, by one function shared by consecutive nests
+    with the same non-empty ``outer`` (the residue nests of one nest)."""
+
+    def out_indices(self) -> tuple[Affine, ...]:
+        """:attr:`out_index`, or the traversal iterators."""
+        if self.out_index is not None:
+            return self.out_index
+        return tuple(var(it.name) for it in self.scope.traversal)
 
 
 @dataclass(frozen=True, slots=True)
