@@ -345,3 +345,21 @@ def test_transpose_is_tiled(text):
     expr = ollie.parse(text)
     assert "tiles of x" in generate_source(expr)
     check(expr)
+
+
+@pytest.mark.parametrize("text", [
+    # a residue-split outer nest reading a nested scope whose traversal starts at -1 (the
+    # DCGAN / InfoGAN selective add after post-processing): the read's in-bounds indices are
+    # [-1, 3), not [0, 4)
+    """T: [2, 3, 4, 4, 4, 4]
+       L<n=0:2, c=0:3, h=0:8, w=0:8> Sum<y=0:4> { L<n=0:2, c=0:3, t=-1:3, w=0:8, y=0:4>
+           Sum<x=0:4> T[n, c, t + 1, w - 2*x + 1, y, x] }[n, c, h - 2*y, w, y]""",
+    # stride 3 over a nested scope starting at -2 (and ending past the data)
+    """T: [4, 3, 7]
+       L<h=0:9, c=0:3> Sum<y=0:3> { L<t=-2:5, c=0:3> T[t + 2, c, t + 2] * 2 }[h - 3*y, c]""",
+    # a nested scope starting at 2
+    """T: [3, 10]
+       L<h=0:8> Sum<y=0:3> { L<t=2:7> T[1, t + 3] }[h + 2 - 2*y]""",
+])
+def test_residue_split_reads_nested_scopes_with_offset_ranges(text):
+    check(ollie.parse(text))

@@ -46,18 +46,20 @@ class _Split:
     m: int
     sigma: int
     c: int
-    k: int  # q = a*t + c*s + k
+    k: int  # q - origin = a*t + c*s + k (origin: the buffer's first index along q)
     a: int
     bounds: tuple[int, int]  # in-bounds values of s implied by the read (inclusive)
     size: int  # size of q's dimension
 
 
-def _implied(acc: Access, shape: tuple[int, ...], s: Iter) -> tuple[int, int] | None:
-    """Inclusive range of ``s`` values the read can hold in bounds, when inside ``s``'s range."""
-    for idx, size in zip(acc.indices, shape, strict=True):
+def _implied(acc: Access, buf: Buffer, s: Iter) -> tuple[int, int] | None:
+    """Inclusive range of ``s`` values the read can hold in bounds, when inside ``s``'s range.
+    A dimension of ``buf`` holds indices ``[offset, offset + size)`` (a nested scope's
+    traversal need not start at 0)."""
+    for idx, size, origin in zip(acc.indices, buf.shape, buf.offsets, strict=True):
         if not idx.is_linear or idx.vars() != {s.name}:
             continue
-        e, k2 = idx.coef(s.name), idx.const
+        e, k2 = idx.coef(s.name), idx.const - origin
         if e > 0:
             lo, hi = -(k2 // e), (size - 1 - k2) // e
         else:
@@ -67,12 +69,12 @@ def _implied(acc: Access, shape: tuple[int, ...], s: Iter) -> tuple[int, int] | 
     return None
 
 
-def _find(scope: Scope, acc: Access, shape: tuple[int, ...]) -> list[_Split]:
+def _find(scope: Scope, acc: Access, buf: Buffer) -> list[_Split]:
     trav = {it.name: it for it in scope.traversal}
     summ = {it.name: it for it in scope.summation}
     splits: list[_Split] = []
     used: set[str] = set()
-    for idx, size in zip(acc.indices, shape, strict=True):
+    for idx, size, origin in zip(acc.indices, buf.shape, buf.offsets, strict=True):
         names = idx.vars()
         if not idx.is_linear or len(names) != 2:
             continue
@@ -84,11 +86,11 @@ def _find(scope: Scope, acc: Access, shape: tuple[int, ...]) -> list[_Split]:
         a, c = idx.coef(t.name), idx.coef(s.name)
         if c % a or abs(c // a) < 2 or t.size < 2 or t.size > MAX_QUOTIENT * abs(c // a):
             continue
-        bounds = _implied(acc, shape, s)
+        bounds = _implied(acc, buf, s)
         if bounds is None:
             continue
         m = abs(c // a)
-        splits.append(_Split(t, s, m, c // (a * m), c, idx.const, a, bounds, size))
+        splits.append(_Split(t, s, m, c // (a * m), c, idx.const - origin, a, bounds, size))
         used |= {t.name, s.name}
     return splits
 
@@ -146,7 +148,7 @@ def split_nest(nest: Nest, buffers: dict[str, Buffer]) -> list[Nest]:
     acc = single_read(scope.body)
     if nest.out_index is not None or acc is None or not scope.summation:
         return [nest]
-    splits = _find(scope, acc, buffers[acc.source].shape)
+    splits = _find(scope, acc, buffers[acc.source])
     total = 1
     kept = []
     for sp in splits:
