@@ -115,7 +115,7 @@ def test_measure_alternating_interleaves_and_batches_fast_calls():
 
     order: list[str] = []
     res = measure_alternating({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                              rounds=3, warmup=1, min_sample=0.0)
+                              rounds=3, warmup=1, min_sample=0.0, shuffle=False)
     assert order == ["a", "b"] + ["a", "b"] * 3
     assert set(res) == {"a", "b"} and all(v >= 0 for v in res.values())
     counts = {"a": 0}
@@ -125,3 +125,14 @@ def test_measure_alternating_interleaves_and_batches_fast_calls():
 
     measure_alternating({"a": tiny}, rounds=3, warmup=1, min_sample=1e-3)
     assert counts["a"] > 1 + 3  # several calls per sample for a sub-microsecond function
+
+
+def test_measure_alternating_shuffles_the_order_of_each_round():
+    from ollie.tune.measure import measure_alternating
+
+    order: list[str] = []
+    fns = {c: (lambda c=c: order.append(c)) for c in "abcd"}
+    measure_alternating(fns, rounds=8, warmup=0, seed=1)
+    rounds = [tuple(order[i:i + 4]) for i in range(0, len(order), 4)]
+    assert len(rounds) == 8 and all(sorted(r) == list("abcd") for r in rounds)
+    assert len(set(rounds)) > 1  # not the same order every round

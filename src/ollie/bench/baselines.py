@@ -17,13 +17,16 @@ def cores() -> int:
 
 def ort_session(model_bytes: bytes, threads: int | None = None):
     """An ONNX Runtime CPU session with every graph optimisation and ``threads`` intra-op
-    threads (default: cores)."""
+    threads (default: cores), whose threads do not spin after a run."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
     so.inter_op_num_threads = 1
+    # no busy-waiting between runs: the benchmarks time systems alternately, and spinning
+    # worker threads would take the cores of whichever system runs next
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 

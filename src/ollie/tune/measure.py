@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -42,9 +43,14 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
 
 def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
                         rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
-                        min_sample: float = 0.0) -> dict[str, float]:
+                        min_sample: float = 0.0, shuffle: bool = True, seed: int = 0
+                        ) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
+
+    ``shuffle``: each round runs the functions in a fresh (seeded) random order, so that none
+    always follows the same one (a runtime whose threads keep spinning after it returns slows
+    whatever runs next).
 
     A sample of a function faster than ``min_sample`` seconds times that many back-to-back
     calls (the count estimated from the warm-up) and divides, so that timer and scheduling
@@ -60,10 +66,14 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
             per = (time.perf_counter() - t) / max(warmup, 1)
             inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 else 1
         times: dict[str, list[float]] = {name: [] for name in fns}
+        rng = random.Random(seed)
+        order = list(fns)
         start = time.perf_counter()
         for r in range(rounds):
-            for name, fn in fns.items():
-                n = inner[name]
+            if shuffle:
+                rng.shuffle(order)
+            for name in order:
+                fn, n = fns[name], inner[name]
                 t = time.perf_counter()
                 for _ in range(n):
                     fn()
