@@ -109,3 +109,81 @@ def test_models_with_convolutions_still_match_after_optimisation():
     prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, use_cache=False)
     with torch.inference_mode():
         torch.testing.assert_close(prog(x), m(x), rtol=1e-3, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("act", ["relu", "tanh", "sigmoid"])
+def test_packed_convolutions_apply_activation_post_ops(act):
+    torch.manual_seed(4)
+    f = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[act]
+    x, wt, b = torch.randn(2, 3, 7, 6), torch.randn(5, 3, 3, 3), torch.randn(5)
+    conv = onednn.packed_conv2d(wt, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
+                                activation=act)
+    assert conv is not None
+    torch.testing.assert_close(conv(x), f(F.conv2d(x, wt, b, padding=1)), rtol=1e-4,
+                               atol=1e-4)
+    wt2 = torch.randn(3, 4, 4, 4)
+    convt = onednn.packed_conv_transpose2d(wt2, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                           (1, 1), None, activation=act)
+    assert convt is not None
+    torch.testing.assert_close(convt(x), f(F.conv_transpose2d(x, wt2, None, 2, 1)),
+                               rtol=1e-4, atol=1e-4)
+    assert onednn.packed_conv2d(wt, tuple(x.shape), (1, 1), (1, 1), (1, 1),
+                                activation="gelu-ish") is None
+
+
+def _kinds(prog):
+    return [(k.kind, k.params.get("activation")) for k in prog.kernels]
+
+
+def test_activation_eops_fold_into_the_convolutions_before_them():
+    """With the original operators kept (no candidate measured), post-processing folds the
+    ReLU / tanh after a Conv2d / ConvTranspose2d into it (a oneDNN post-op); the program still
+    matches the module."""
+    from torch import nn
+
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                      nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.Tanh()).eval()
+    x = torch.randn(1, 3, 6, 6)
+    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, max_candidates=0,
+                          use_cache=False)
+    with torch.inference_mode():
+        torch.testing.assert_close(prog(x), m(x), rtol=1e-4, atol=1e-5)
+    assert _kinds(prog.program) == [("Node", "relu"), ("Node", "tanh")]
+
+
+def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
+    from ollie.program.kernel import Kernel
+    from ollie.program.postprocess import activation_of, fuse_activations
+    from ollie.program.program import Program
+
+    expr = ollie.parse("A: [1, 4, 6, 6]\nK: [5, 4, 3, 3]\n"
+                       "L<n=0:1, f=0:5, h=0:6, w=0:6> Sum<c=0:4, r=0:3, s=0:3> "
+                       "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
+    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    cand = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"])
+    conv = cand.kernels[0]
+    relu = ollie.parse(f"{conv.output}: [1, 5, 6, 6]\n"
+                       f"L<a=0:1, b=0:5, c=0:6, d=0:6> relu({conv.output}[a, b, c, d])")
+    from ollie.match.eop import make_eop
+
+    act = make_eop(relu.root, relu.inputs, "Y")
+    assert activation_of(act, conv.output) == "relu"
+    swapped = ollie.parse(f"{conv.output}: [1, 5, 6, 6]\n"
+                          f"L<a=0:1, b=0:5, c=0:6, d=0:6> relu({conv.output}[a, b, d, c])")
+    assert activation_of(make_eop(swapped.root, swapped.inputs, "Y"), conv.output) is None
+    inputs = random_inputs(expr, seed=7)
+    prog = Program((("A", (1, 4, 6, 6)),), ("Y",), [conv, act], {"K": inputs["K"]})
+    fused = fuse_activations(prog)
+    assert [(k.kind, k.params.get("activation")) for k in fused.kernels] == [("Conv", "relu")]
+    k = fused.kernels[0]
+    want = np.maximum(ollie.interpret(expr, inputs), 0)
+    np.testing.assert_allclose(ollie.interpret(k.expr, inputs), want, rtol=1e-5, atol=1e-6)
+    for consts in ({"K": inputs["K"]}, {}):  # packed oneDNN path, and conv2d + relu
+        p = Program(tuple((n, s) for n, s in expr.decls if n not in consts), ("Y",),
+                    [k], consts)
+        feed = {n: inputs[n] for n, _ in p.inputs}
+        got = CompiledProgram(p).run(feed)["Y"].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert isinstance(k, Kernel) and k.without_activation().params.get("activation") is None

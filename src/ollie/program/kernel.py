@@ -52,6 +52,23 @@ class Kernel:
             return self.shape
         return self.expr.shape
 
+    def without_activation(self) -> Kernel:
+        """The kernel without its fused ``activation`` parameter (and, for kernels with an
+        expression ``f(inner)``, computing ``inner``)."""
+        if "activation" not in self.params:
+            return self
+        params = {k: v for k, v in self.params.items() if k != "activation"}
+        expr = self.expr
+        if expr is not None:
+            from ollie.ir import Call, Scope
+
+            body = expr.root.body
+            assert isinstance(body, Call), "a fused activation is the expression's root call"
+            expr = Expr(expr.decls, Scope(expr.root.traversal, expr.root.summation,
+                                          body.args[0]))
+        return Kernel(self.kind, params, self.inputs, self.output, expr, self.views,
+                      self.shape)
+
     def to_json(self) -> dict:
         """The kernel as API.md's JSON: kind and params (eOp params hold the expression text)."""
         return {"kind": self.kind, "params": dict(self.params)}

@@ -7,6 +7,11 @@
   merging wherever that is exact, else it stays a nested scope computed inside the one kernel.
   Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
   fuse the same way.
+* **Activation fusion into convolutions**: an eOperator that only applies ReLU, tanh or
+  sigmoid element-wise to the output of a convolution (a ``Conv`` kernel, or an original
+  ``Conv2d`` / ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads becomes
+  the convolution's ``activation`` parameter: oneDNN applies it as a post-op while the output
+  is still in cache (a ``Conv`` kernel's expression becomes ``f(conv)``, so it stays exact).
 * **Identity eOperator elimination**: an eOperator that only re-reads one tensor in the same
   flat order (a reshape, or a contiguous slice) becomes an ``Alias`` kernel: a zero-copy view.
 
@@ -20,7 +25,7 @@ import logging
 import numpy as np
 import torch
 
-from ollie.ir import Access, Expr, Scope, accesses
+from ollie.ir import Access, Call, Expr, Scope, accesses
 from ollie.match.eop import make_eop
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
@@ -95,6 +100,72 @@ def fuse_eops(prog: Program) -> Program:
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
 
 
+ACTIVATIONS = ("relu", "tanh", "sigmoid")
+"""Element-wise functions a convolution kernel can apply to its output (oneDNN post-ops)."""
+FUSIBLE_NODES = ("Conv2d", "ConvTranspose2d")
+
+
+def activation_of(k: Kernel, source: str) -> str | None:
+    """The function if ``k`` is an eOperator computing ``f(source[i...])`` over the whole of
+    ``source`` in its own order (``f`` in :data:`ACTIVATIONS`), else None."""
+    if k.kind != "eOp" or k.expr is None or k.inputs != (source,):
+        return None
+    root = k.expr.root
+    body = root.body
+    if root.summation or not isinstance(body, Call) or body.fn not in ACTIVATIONS:
+        return None
+    (arg,) = body.args
+    shape = dict(k.expr.decls).get(source)
+    if not isinstance(arg, Access) or arg.source != source or shape is None or \
+            tuple(shape) != tuple(it.size for it in root.traversal) or \
+            any(it.lo != 0 for it in root.traversal):
+        return None
+    order = tuple(it.name for it in root.traversal)
+    if len(arg.indices) != len(order) or any(
+            not idx.is_linear or idx.const or idx.vars() != {n} or idx.coef(n) != 1
+            for idx, n in zip(arg.indices, order, strict=True)):
+        return None
+    return body.fn
+
+
+def _fusible_producer(k: Kernel) -> bool:
+    if "activation" in k.params:
+        return False
+    if k.kind == "Conv":
+        return True
+    node = k.params.get("node")
+    return k.kind == "Node" and k.params.get("op") in FUSIBLE_NODES and \
+        len(getattr(node, "outputs", ())) == 1
+
+
+def fuse_activations(prog: Program) -> Program:
+    """Fold activation eOperators into the convolution before them (see the module doc)."""
+    kernels = list(prog.kernels)
+    readers: dict[str, list[int]] = {}
+    for i, k in enumerate(kernels):
+        for n in set(k.inputs):
+            readers.setdefault(n, []).append(i)
+    drop: set[int] = set()
+    for i, p in enumerate(kernels):
+        users = readers.get(p.output, [])
+        if not _fusible_producer(p) or p.output in prog.outputs or len(users) != 1:
+            continue
+        c = kernels[users[0]]
+        fn = activation_of(c, p.output)
+        if fn is None:
+            continue
+        expr = p.expr
+        if expr is not None:
+            expr = inline_nested(expression_fusion(c.expr, p.output, expr))
+        kernels[i] = Kernel(p.kind, {**p.params, "activation": fn}, p.inputs, c.output, expr,
+                            p.views, c.output_shape if p.kind == "Node" else p.shape)
+        drop.add(users[0])
+    if not drop:
+        return prog
+    kept = [k for j, k in enumerate(kernels) if j not in drop]
+    return Program(prog.inputs, prog.outputs, kept, prog.constants)
+
+
 def _reads(scope: Scope, name: str) -> bool:
     for acc in accesses(scope.body):
         if acc.source == name or (isinstance(acc.source, Scope) and _reads(acc.source, name)):
@@ -152,9 +223,11 @@ def eliminate_identities(prog: Program) -> Program:
 
 
 def postprocess(prog: Program) -> Program:
-    """All passes: fold weights, fuse eOperators, eliminate identities, fold again."""
+    """All passes: fold weights, fuse eOperators, fuse activations into convolutions,
+    eliminate identities, fold again."""
     prog = fold_constants(prog)
     prog = fuse_eops(prog)
+    prog = fuse_activations(prog)
     prog = eliminate_identities(prog)
     prog = fold_constants(prog)
     prog.check()

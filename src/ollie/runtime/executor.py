@@ -30,6 +30,9 @@ from ollie.runtime import library
 
 log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+"""A library kernel's fused ``activation`` (post-processing), where oneDNN does not apply it."""
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
 
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
@@ -40,6 +43,8 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
     pad = (int(p["ph"]), int(p["pw"]))
     alpha = float(p.get("alpha", 1.0))
+    act = p.get("activation")
+    post = ACTIVATIONS[str(act)] if act else None
     if symmetric and constants is not None and k.inputs[1] in constants and \
             k.inputs[0] not in constants:
         from ollie.runtime import onednn
@@ -47,16 +52,19 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         w = library._input(k, 1, constants)
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
         packed = onednn.packed_conv2d(w * alpha if alpha != 1.0 else w, shape, stride, pad,
-                                      dil)
+                                      dil, activation=str(act) if act else None)
         if packed is not None:
             return lambda env, out: packed(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         if not symmetric:
-            return library.run_kernel(k, env)
-        x, w = library._input(k, 0, env), library._input(k, 1, env)
-        y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
-        return y if alpha == 1.0 else y.mul_(alpha)
+            y = library.run_kernel(k.without_activation(), env) if act else \
+                library.run_kernel(k, env)
+        else:
+            x, w = library._input(k, 0, env), library._input(k, 1, env)
+            y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
+            y = y if alpha == 1.0 else y.mul_(alpha)
+        return y if post is None else post(y)
 
     return run
 
@@ -113,13 +121,16 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     node = k.params["node"]
     extra = list(node.outputs[1:])  # type: ignore[attr-defined]
     ins = list(k.inputs)
+    act = k.params.get("activation")
+    post = ACTIVATIONS[str(act)] if act else None
     if constants is not None and len(ins) in (2, 3) and not extra and \
             all(n in constants for n in ins[1:]) and ins[0] not in constants:
         from ollie.runtime import onednn
 
         fast = onednn.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
                                   constants[ins[1]],
-                                  constants[ins[2]] if len(ins) == 3 else None)
+                                  constants[ins[2]] if len(ins) == 3 else None,
+                                  activation=str(act) if act else None)
         if fast is not None:
             return lambda env, out: fast(env[ins[0]])
 
@@ -127,7 +138,7 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         outs = run_node(node, [env[n] for n in k.inputs])  # type: ignore[arg-type]
         for name, t in zip(extra, outs[1:], strict=True):
             env[name] = t
-        return outs[0]
+        return outs[0] if post is None else post(outs[0])
 
     return run
 

@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 Conv = Callable[[torch.Tensor], torch.Tensor]
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+POST_OPS: dict[str | None, Conv] = {None: _identity, "relu": torch.relu, "tanh": torch.tanh,
+                                    "sigmoid": torch.sigmoid}
+"""Activations oneDNN applies as a convolution post-op (``None``: none), with their torch
+functions (the reference the packed convolution is checked against)."""
+
+
 def available() -> bool:
     """Whether this torch build has the oneDNN packed convolution."""
     return (torch.backends.mkldnn.is_available()
@@ -54,23 +64,28 @@ def _usable(weight: torch.Tensor) -> bool:
 def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                   stride: tuple[int, int], padding: tuple[int, int],
                   dilation: tuple[int, int], bias: torch.Tensor | None = None,
-                  groups: int = 1) -> Conv | None:
-    """``x -> conv2d(x, weight, bias, stride, padding, dilation, groups)`` for NCHW inputs of
-    ``input_shape``, with ``weight`` packed now; ``None`` where that is not possible."""
-    if not _usable(weight):
+                  groups: int = 1, activation: str | None = None) -> Conv | None:
+    """``x -> f(conv2d(x, weight, bias, stride, padding, dilation, groups))`` for NCHW inputs
+    of ``input_shape``, with ``weight`` packed now and ``f`` the ``activation`` (one of
+    :data:`POST_OPS`, applied by oneDNN as a post-op; None: identity); ``None`` where that is
+    not possible."""
+    if not _usable(weight) or activation not in POST_OPS:
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     pad, st, dil = list(padding), list(stride), list(dilation)
+    attr = activation or "none"
     try:
         packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
             w.to_mkldnn(), pad, st, dil, groups, list(input_shape))
         op = torch.ops.mkldnn._convolution_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, st, dil, groups, "none", [], "")
+            return op(x.contiguous(), packed, b, pad, st, dil, groups, attr, [], "")
 
-        return _checked(run, lambda x: F.conv2d(x, w, b, st, pad, dil, groups), input_shape)
+        post = POST_OPS[activation]
+        return _checked(run, lambda x: post(F.conv2d(x, w, b, st, pad, dil, groups)),
+                        input_shape)
     except (RuntimeError, NotImplementedError) as exc:
         log.info("no packed oneDNN convolution for input %s: %s", list(input_shape), exc)
         return None
@@ -79,40 +94,45 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
 def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                             stride: tuple[int, int], padding: tuple[int, int],
                             output_padding: tuple[int, int], dilation: tuple[int, int],
-                            bias: torch.Tensor | None = None, groups: int = 1
-                            ) -> Conv | None:
+                            bias: torch.Tensor | None = None, groups: int = 1,
+                            activation: str | None = None) -> Conv | None:
     """As :func:`packed_conv2d` for ``conv_transpose2d`` (weight ``[C, F/groups, R, S]``)."""
-    if not _usable(weight):
+    if not _usable(weight) or activation not in POST_OPS:
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     pad, opad, st, dil = list(padding), list(output_padding), list(stride), list(dilation)
+    attr = activation or "none"
     try:
         packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(
             w, pad, opad, st, dil, groups, list(input_shape))
         op = torch.ops.mkldnn._convolution_transpose_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, "none", [], "")
+            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, attr, [], "")
 
-        return _checked(run, lambda x: F.conv_transpose2d(x, w, b, st, pad, opad, groups, dil),
-                        input_shape)
+        post = POST_OPS[activation]
+        return _checked(
+            run, lambda x: post(F.conv_transpose2d(x, w, b, st, pad, opad, groups, dil)),
+            input_shape)
     except (RuntimeError, NotImplementedError) as exc:
         log.info("no packed oneDNN transposed convolution for input %s: %s",
                  list(input_shape), exc)
         return None
 
 
-def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None
-                ) -> Conv | None:
+def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
-    ``bias``) and symmetric padding: a callable running it with the weight packed, on the first
-    call for each input shape. ``None`` for other nodes; a shape that cannot be packed falls
-    back to the torch function."""
+    ``bias``) and symmetric padding: a callable running it (then ``activation``) with the
+    weight packed, on the first call for each input shape. ``None`` for other nodes; a shape
+    that cannot be packed falls back to the torch functions."""
     from ollie.graph.execute import _pad4, _pair
 
-    if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight):
+    if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
+            activation not in POST_OPS:
         return None
+    post = POST_OPS[activation]
     top, left, bottom, right = _pad4(attrs.get("padding", 0))
     if (top, left) != (bottom, right):
         return None
@@ -124,16 +144,17 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
 
     def fallback(x: torch.Tensor) -> torch.Tensor:
         if op == "Conv2d":
-            return F.conv2d(x, weight, bias, st, pad, dil, groups)
-        return F.conv_transpose2d(x, weight, bias, st, pad, opad, groups, dil)
+            return post(F.conv2d(x, weight, bias, st, pad, dil, groups))
+        return post(F.conv_transpose2d(x, weight, bias, st, pad, opad, groups, dil))
 
     def run(x: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape)
         fn = cache.get(shape)
         if fn is None:
-            packed = (packed_conv2d(weight, shape, st, pad, dil, bias, groups)
+            packed = (packed_conv2d(weight, shape, st, pad, dil, bias, groups, activation)
                       if op == "Conv2d" else
-                      packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups))
+                      packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
+                                              activation))
             fn = cache[shape] = packed or fallback
         return fn(x)
 
