@@ -83,6 +83,12 @@ class CpuKernel(CompiledKernel):
         with _RUN_LOCK:
             self._fn(*flat, out.reshape(-1))
 
+    def run_flat(self, flat: list[np.ndarray], out: np.ndarray) -> None:
+        """The generated code on flat float32 arrays in :attr:`input_names` order, no checks
+        (for an executor whose shapes were checked when the program was built)."""
+        with _RUN_LOCK:
+            self._fn(*flat, out)
+
 
 def _configure_numba() -> None:
     """Select :data:`THREADING_LAYER` unless the process chose a layer or already started one."""

@@ -11,7 +11,10 @@ callable, run in order on torch tensors, intermediate buffers reused.
 
 Buffer planning: an intermediate tensor's storage returns to a pool after its last reader ran
 and is reused by a later eOperator output of the same size, so a program allocates about its
-peak working set once instead of one buffer per kernel.
+peak working set once instead of one buffer per kernel. On the CPU, those buffers and the
+outputs of the other kernels that write into a given buffer come from a
+:class:`~ollie.runtime.buffers.BufferCache`: reused across calls once the caller has dropped
+every tensor using them (no fresh page faults for large outputs on every call).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ollie.errors import ShapeError, UnsupportedError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import library
+from ollie.runtime.buffers import BufferCache
 
 log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
@@ -34,6 +38,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 """A library kernel's fused ``activation`` (post-processing), where oneDNN does not apply it."""
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
+OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
+"""Kernels that write into a given output buffer."""
 
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """Symmetric padding runs ``conv2d``; with a constant weight on the CPU the weight is packed
@@ -90,6 +96,26 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
 
     fn = compile_eop(k.expr, backend=backend)
     names = k.inputs
+    run_flat = getattr(fn, "run_flat", None)
+    if run_flat is not None:
+        # generated CPU code: flat numpy views of the tensors, no per-call checks (the
+        # program's shapes were checked when it was built); ~40 us less per call
+        order = fn.input_names
+        shape = tuple(k.output_shape)
+
+        def run_cpu(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            flat = []
+            for n in order:
+                t = env[n]
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                flat.append(t.detach().numpy().reshape(-1))
+            if out is None or not out.is_contiguous():
+                out = torch.empty(shape)
+            run_flat(flat, out.numpy().reshape(-1))
+            return out
+
+        return run_cpu
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         ins = {n: env[n] for n in names}
@@ -98,6 +124,27 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
         arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
         res = fn(arrays, None if out is None else out.numpy())
         return out if out is not None else torch.from_numpy(res)
+
+    return run
+
+
+def _band_fn(k: Kernel) -> KernelFn:
+    """G2BMM / GBMM (:mod:`ollie.runtime.band`), into ``out`` when one is given."""
+    from ollie.runtime import band
+
+    w, d = int(k.params["w"]), int(k.params["d"])  # type: ignore[call-overload]
+    alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+    op = band.g2bmm if k.kind == "G2BMM" else band.gbmm
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = library._input(k, 0, env), library._input(k, 1, env)
+        target = None
+        if out is not None:
+            want = (*a.shape[:2], 2 * w + 1) if k.kind == "G2BMM" else tuple(b.shape)
+            if out.numel() == int(np.prod(want)):
+                target = out.view(want)
+        y = op(a, b, w, d, out=target)
+        return y if alpha == 1.0 else y.mul_(alpha)
 
     return run
 
@@ -171,6 +218,8 @@ def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | No
         return _alias_fn(k)
     if k.kind == "Node":
         return _node_fn(k, constants if backend == "cpu" else None)
+    if k.kind in ("G2BMM", "GBMM"):
+        return _band_fn(k)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)
     raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")
@@ -188,6 +237,7 @@ class CompiledProgram:
         self.constants = {n: torch.tensor(np.asarray(v, dtype=np.float32), device=self.device)
                           for n, v in program.constants.items()}
         self.fns = [compile_kernel(k, self.backend, self.constants) for k in program.kernels]
+        self.buffers = BufferCache() if self.device.type == "cpu" else None
         self._plan()
 
     def _plan(self) -> None:
@@ -207,7 +257,15 @@ class CompiledProgram:
         # buffers of aliased tensors stay alive through their aliases: never pooled
         self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
                        k.output not in aliased for k in kernels]
+        # the other kernels that can write into a given buffer take one from the cache
+        self.cached = [k.kind in OUT_KINDS and not p for k, p in
+                       zip(kernels, self.pooled, strict=True)]
         self.pooled_names = {k.output for k, p in zip(kernels, self.pooled, strict=True) if p}
+
+    def _new(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.buffers is not None:
+            return self.buffers.get(shape)
+        return torch.empty(shape, device=self.device)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
         env: Env = dict(self.constants)
@@ -220,14 +278,16 @@ class CompiledProgram:
                                  f"{list(shape)}")
             env[name] = t.contiguous()
         pool: dict[int, list[torch.Tensor]] = {}
-        for k, fn, pooled, release in zip(self.program.kernels, self.fns, self.pooled,
-                                          self.release, strict=True):
+        for k, fn, pooled, cached, release in zip(self.program.kernels, self.fns, self.pooled,
+                                                  self.cached, self.release, strict=True):
             out = None
             if pooled:
                 numel = int(np.prod(k.output_shape))
                 free = pool.get(numel)
                 out = free.pop().view(tuple(k.output_shape)) if free else \
-                    torch.empty(tuple(k.output_shape), device=self.device)
+                    self._new(tuple(k.output_shape))
+            elif cached and self.buffers is not None:
+                out = self.buffers.get(tuple(k.output_shape))
             env[k.output] = fn(env, out)
             for name in release:
                 t = env.pop(name, None)
@@ -236,8 +296,9 @@ class CompiledProgram:
         return {n: env[n] for n in self.program.outputs}
 
     def profile(self, inputs: Mapping[str, object], repeats: int = 5) -> list[float]:
-        """Median seconds of each kernel run on its own (inputs computed beforehand)."""
-        from ollie.tune.measure import measure
+        """Median seconds of each kernel run on its own (inputs computed beforehand); a sample
+        of a kernel faster than 1 ms times back-to-back calls (timer jitter)."""
+        from ollie.tune.measure import measure_alternating
 
         env = dict(self.constants)
         env.update({n: torch.as_tensor(inputs[n], dtype=torch.float32, device=self.device)
@@ -246,8 +307,9 @@ class CompiledProgram:
         for k, fn in zip(self.program.kernels, self.fns, strict=True):
             out = torch.empty(tuple(k.output_shape), device=self.device) \
                 if k.kind in ("eOp", "Matmul") else None
-            times.append(measure(lambda f=fn, o=out: f(env, o), self.device.type,
-                                 repeats=repeats))
+            times.append(measure_alternating({"k": lambda f=fn, o=out: f(env, o)},
+                                             self.device.type, rounds=repeats,
+                                             min_sample=1e-3)["k"])
             env[k.output] = fn(env, out)
         return times
 

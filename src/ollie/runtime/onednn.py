@@ -5,7 +5,8 @@ oneDNN's blocked format on every call; for a program whose weights are constants
 the re-layout can be done once, when the program is compiled, as torch.compile's weight
 freezing and ONNX Runtime do. The packed weight is then used by
 ``torch.ops.mkldnn._convolution_pointwise`` / ``_convolution_transpose_pointwise`` (the same
-oneDNN primitives, without the per-call reorder).
+oneDNN primitives, without the per-call reorder). oneDNN may pick a channels-last output;
+it is returned as a contiguous NCHW tensor (what the following kernels read).
 
 :func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
@@ -81,7 +82,8 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         op = torch.ops.mkldnn._convolution_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, st, dil, groups, attr, [], "")
+            return op(x.contiguous(), packed, b, pad, st, dil, groups, attr, [],
+                      "").contiguous()
 
         post = POST_OPS[activation]
         return _checked(run, lambda x: post(F.conv2d(x, w, b, st, pad, dil, groups)),
@@ -109,7 +111,8 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         op = torch.ops.mkldnn._convolution_transpose_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, attr, [], "")
+            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, attr, [],
+                      "").contiguous()
 
         post = POST_OPS[activation]
         return _checked(
