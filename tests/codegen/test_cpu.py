@@ -363,3 +363,25 @@ def test_transpose_is_tiled(text):
 ])
 def test_residue_split_reads_nested_scopes_with_offset_ranges(text):
     check(ollie.parse(text))
+
+
+@pytest.mark.parametrize(("text", "inlined"), [
+    # the Conv5x5 -> Conv3x3 sum over shifted rows: the re-indexing scope's range is exactly
+    # where C is in bounds, so it is read inline (no temporary) and reads 0 outside
+    ("""C: [2, 1, 5, 9, 7]
+        L<n=0:2, f=0:1, h=0:9, w=0:7> Sum<r=0:5> { L<n=0:2, f=0:1, t=2:11, w=0:7, r=0:5>
+            C[n, f, r, t - 2, w] }[n, f, h + r, w, r]""", True),
+    # negative coefficient and a scale
+    ("""C: [6, 4]
+        L<h=0:8, c=0:4> Sum<r=0:3> { L<t=-5:1, c=0:4> C[-t, c] * 2 }[r - h, c]""", True),
+    # the scope's range is narrower than where C is in bounds: must stay materialised
+    ("""C: [10, 3]
+        L<h=0:10, c=0:3> Sum<r=0:3> { L<t=1:8, c=0:3> C[t, c] }[h + r - 1, c]""", False),
+    # not a single read (a sum of two): materialised
+    ("""C: [10, 3]
+        L<h=0:10, c=0:3> Sum<r=0:3> { L<t=0:10, c=0:3> C[t, c] + 1 }[h + r - 1, c]""", False),
+])
+def test_reindexing_scopes_over_padding_are_inlined_only_when_exact(text, inlined):
+    expr = ollie.parse(text)
+    assert ("tmp_0" not in generate_source(expr)) == inlined
+    check(expr)

@@ -11,8 +11,11 @@ their scope's traversal iterators).
 * a nested scope without summation whose reads stay inside its ranges (checked with
   :meth:`~ollie.ir.index.Affine.bounds` over the reading scope's iterator ranges) is *inlined*:
   its body is substituted at the read, its traversal iterators replaced by the read's indices
-  (exact, since a scope is closed and every read is in range). Inlining is skipped when it would
-  recompute an expensive body many times per element (see :func:`_worth_inlining`);
+  (exact, since a scope is closed and every read is in range). A read that may leave the
+  scope's range along some iterator is inlined too when the scope is a single (scaled) read of
+  a buffer that is then out of its bounds as well, so the inlined read gives the same 0 (a
+  re-indexing scope over padding, e.g. ``{L<t=2:226> C[t - 2]}[h + r]``). Inlining is skipped
+  when it would recompute an expensive body many times per element (see :func:`_worth_inlining`);
 * any other nested scope is *materialised*: a loop nest (the same code generator) computes it
   into a float32 temporary before the nests that read it. Equal scopes are computed once.
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from math import prod
 
 from ollie.ir import Access, Affine, Expr, Node, Scope, children, map_body, tensor_names, var
-from ollie.ir.nodes import BinOp, Call, Neg
+from ollie.ir.nodes import BinOp, Call, Const, Iter, Neg
 
 INLINE_MAX_OPS = 4
 """A nested scope whose body has at most this many operations is always inlined when its reads
@@ -97,11 +100,47 @@ def _ops(node: Node) -> int:
     return own + sum(_ops(c) for c in children(node))
 
 
-def _in_range(acc: Access, inner: Scope, reader: Scope) -> bool:
+def _single_read(body: Node) -> Access | None:
+    """The read if ``body`` is one read, negated or scaled by constants (zero when it is)."""
+    if isinstance(body, Access):
+        return body
+    if isinstance(body, Neg):
+        return _single_read(body.x)
+    if isinstance(body, BinOp) and body.op == "*":
+        if isinstance(body.lhs, Const):
+            return _single_read(body.rhs)
+        if isinstance(body.rhs, Const):
+            return _single_read(body.lhs)
+    return None
+
+
+def _implied_by_read(read: Access, buf: Buffer, it: Iter) -> bool:
+    """Whether ``read`` (of ``buf``) is out of bounds whenever ``it`` is outside its range:
+    some dimension is indexed by ``it`` alone, and its in-bounds values lie inside the range."""
+    for idx, size, origin in zip(read.indices, buf.shape, buf.offsets, strict=True):
+        if not idx.is_linear or idx.vars() != {it.name}:
+            continue
+        a, c = idx.coef(it.name), idx.const
+        lo_q, hi_q = origin - c, origin + size - 1 - c  # a*v in [lo_q, hi_q]
+        lo, hi = (-(-lo_q // a), hi_q // a) if a > 0 else (-(-hi_q // a), lo_q // a)
+        if lo >= it.lo and hi <= it.hi - 1:
+            return True
+    return False
+
+
+def _inlinable(acc: Access, inner: Scope, reader: Scope, buffers: dict[str, Buffer]) -> bool:
+    """Reads of ``inner`` stay in its ranges, or, where they may leave them, ``inner`` is one
+    read of a buffer that is then out of bounds too (so the inlined body reads 0 there, as
+    the scope would)."""
     ranges = reader.ranges
+    read = _single_read(inner.body)
+    buf = buffers.get(read.source) if read is not None and isinstance(read.source, str) \
+        else None
     for idx, it in zip(acc.indices, inner.traversal, strict=True):
         lo, hi = idx.bounds(ranges)
-        if lo < it.lo or hi > it.hi - 1:
+        if lo >= it.lo and hi <= it.hi - 1:
+            continue
+        if read is None or buf is None or not _implied_by_read(read, buf, it):
             return False
     return True
 
@@ -143,7 +182,8 @@ class _Planner:
         if isinstance(acc.source, str):
             return Access(self.inputs[acc.source].ident, acc.indices)
         inner = self.rewrite(acc.source)
-        if not inner.summation and _in_range(acc, inner, reader) \
+        buffers = {b.ident: b for b in (*self.inputs.values(), *self.temps.values())}
+        if not inner.summation and _inlinable(acc, inner, reader, buffers) \
                 and _worth_inlining(inner, reader):
             self.inlined += 1
             return _inline(inner, acc)
