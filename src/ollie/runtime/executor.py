@@ -31,12 +31,10 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import library
 from ollie.runtime.buffers import BufferCache
+from ollie.runtime.onednn import POST_OPS
 
 log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
-"""A library kernel's fused ``activation`` (post-processing), where oneDNN does not apply it."""
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
 OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
 """Kernels that write into a given output buffer."""
@@ -50,7 +48,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     pad = (int(p["ph"]), int(p["pw"]))
     alpha = float(p.get("alpha", 1.0))
     act = p.get("activation")
-    post = ACTIVATIONS[str(act)] if act else None
+    post = POST_OPS[str(act)] if act else None
     if symmetric and constants is not None and k.inputs[1] in constants and \
             k.inputs[0] not in constants:
         from ollie.runtime import onednn
@@ -169,7 +167,7 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     extra = list(node.outputs[1:])  # type: ignore[attr-defined]
     ins = list(k.inputs)
     act = k.params.get("activation")
-    post = ACTIVATIONS[str(act)] if act else None
+    post = POST_OPS[str(act)] if act else None
     if constants is not None and len(ins) in (2, 3) and not extra and \
             all(n in constants for n in ins[1:]) and ins[0] not in constants:
         from ollie.runtime import onednn
