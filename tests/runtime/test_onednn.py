@@ -187,3 +187,19 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
         got = CompiledProgram(p).run(feed)["Y"].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert isinstance(k, Kernel) and k.without_activation().params.get("activation") is None
+
+
+def test_faster_keeps_the_measured_faster_callable_and_remembers_it():
+    import time
+
+    def slow(x):
+        time.sleep(0.002)
+        return x + 1
+
+    def quick(x):
+        return x + 1
+
+    assert onednn.faster(slow, quick, (2, 2), key=("t", 1)) is quick
+    assert onednn.faster(quick, slow, (2, 2), key=("t", 2)) is quick
+    # remembered per key: not measured again
+    assert onednn.faster(slow, quick, (2, 2), key=("t", 2)) is slow

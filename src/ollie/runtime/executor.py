@@ -55,10 +55,18 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
 
         w = library._input(k, 1, constants)
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
-        packed = onednn.packed_conv2d(w * alpha if alpha != 1.0 else w, shape, stride, pad,
-                                      dil, activation=str(act) if act else None)
+        wa = w * alpha if alpha != 1.0 else w
+        packed = onednn.packed_conv2d(wa, shape, stride, pad, dil,
+                                      activation=str(act) if act else None)
         if packed is not None:
-            return lambda env, out: packed(library._input(k, 0, env))
+            post_fn = post or onednn.POST_OPS[None]
+
+            def plain(x: torch.Tensor) -> torch.Tensor:
+                return post_fn(F.conv2d(x, wa, stride=stride, padding=pad, dilation=dil))
+
+            conv = onednn.faster(packed, plain, shape, ("Conv", tuple(wa.shape), shape, stride,
+                                                        pad, dil, act))
+            return lambda env, out: conv(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         if not symmetric:

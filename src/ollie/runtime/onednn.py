@@ -124,6 +124,30 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         return None
 
 
+_CHOICES: dict[tuple, bool] = {}
+"""Per convolution configuration: whether the packed oneDNN call measured faster."""
+
+
+def faster(packed: Conv, plain: Conv, input_shape: tuple[int, ...],
+           key: tuple | None = None) -> Conv:
+    """The faster of ``packed`` and ``plain`` on a random input of ``input_shape`` (timed
+    alternately, a few rounds; the choice is remembered per ``key``). Packing removes the
+    per-call weight reorder, but for some shapes oneDNN's primitive for the packed layout is
+    slower than the one eager PyTorch picks, so the choice is measured, like a cuDNN
+    benchmark-mode algorithm choice."""
+    from ollie.tune.measure import measure_alternating
+
+    if key is not None and key in _CHOICES:
+        return packed if _CHOICES[key] else plain
+    probe = torch.randn(input_shape)
+    times = measure_alternating({"packed": lambda: packed(probe), "plain": lambda: plain(probe)},
+                                rounds=5, warmup=1, max_seconds=2.0, min_sample=1e-3)
+    use = times["packed"] <= times["plain"]
+    if key is not None:
+        _CHOICES[key] = use
+    return packed if use else plain
+
+
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation: str | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
@@ -158,7 +182,9 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
                       if op == "Conv2d" else
                       packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
                                               activation))
-            fn = cache[shape] = packed or fallback
+            key = (op, tuple(weight.shape), shape, st, pad, dil, groups, opad, activation,
+                   bias is None)
+            fn = cache[shape] = faster(packed, fallback, shape, key) if packed else fallback
         return fn(x)
 
     return run
