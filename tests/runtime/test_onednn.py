@@ -203,3 +203,20 @@ def test_faster_keeps_the_measured_faster_callable_and_remembers_it():
     assert onednn.faster(quick, slow, (2, 2), key=("t", 2)) is quick
     # remembered per key: not measured again
     assert onednn.faster(slow, quick, (2, 2), key=("t", 2)) is slow
+
+
+@needs_onednn
+def test_packed_convolutions_chain_through_channels_last_outputs():
+    torch.manual_seed(5)
+    x = torch.randn(2, 6, 5, 5)
+    w1, w2 = torch.randn(6, 8, 4, 4), torch.randn(4, 8, 3, 3)
+    c1 = onednn.packed_conv_transpose2d(w1, tuple(x.shape), (2, 2), (1, 1), (0, 0), (1, 1),
+                                        activation="relu")
+    y = c1(x)
+    c2 = onednn.packed_conv2d(w2, tuple(y.shape), (1, 1), (1, 1), (1, 1))
+    want = F.conv2d(torch.relu(F.conv_transpose2d(x, w1, None, 2, 1)), w2, padding=1)
+    torch.testing.assert_close(c2(y), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(c2(y.contiguous(memory_format=torch.channels_last)), want,
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(c2(y[:, :, :, :].transpose(2, 3).contiguous().transpose(2, 3)),
+                               want, rtol=1e-4, atol=1e-4)

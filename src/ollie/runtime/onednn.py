@@ -5,8 +5,9 @@ oneDNN's blocked format on every call; for a program whose weights are constants
 the re-layout can be done once, when the program is compiled, as torch.compile's weight
 freezing and ONNX Runtime do. The packed weight is then used by
 ``torch.ops.mkldnn._convolution_pointwise`` / ``_convolution_transpose_pointwise`` (the same
-oneDNN primitives, without the per-call reorder). oneDNN may pick a channels-last output;
-it is returned as a contiguous NCHW tensor (what the following kernels read).
+oneDNN primitives, without the per-call reorder). oneDNN may return a channels-last tensor:
+it is kept so (a following packed convolution reads it without a reorder; a generated
+eOperator makes it contiguous first), and a channels-last input is taken as it is.
 
 :func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
@@ -58,6 +59,13 @@ def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...]) -> Conv | None:
     return run
 
 
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` if it is dense NCHW or channels-last (both are oneDNN inputs), else a copy."""
+    if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
+        return x
+    return x.contiguous()
+
+
 def _usable(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and available()
 
@@ -82,8 +90,7 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         op = torch.ops.mkldnn._convolution_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, st, dil, groups, attr, [],
-                      "").contiguous()
+            return op(_dense(x), packed, b, pad, st, dil, groups, attr, [], "")
 
         post = POST_OPS[activation]
         return _checked(run, lambda x: post(F.conv2d(x, w, b, st, pad, dil, groups)),
@@ -111,8 +118,7 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         op = torch.ops.mkldnn._convolution_transpose_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, b, pad, opad, st, dil, groups, attr, [],
-                      "").contiguous()
+            return op(_dense(x), packed, b, pad, opad, st, dil, groups, attr, [], "")
 
         post = POST_OPS[activation]
         return _checked(
