@@ -189,7 +189,7 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     assert isinstance(k, Kernel) and k.without_activation().params.get("activation") is None
 
 
-def test_faster_keeps_the_measured_faster_callable_and_remembers_it():
+def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it():
     import time
 
     def slow(x):
@@ -199,10 +199,11 @@ def test_faster_keeps_the_measured_faster_callable_and_remembers_it():
     def quick(x):
         return x + 1
 
-    assert onednn.faster(slow, quick, (2, 2), key=("t", 1)) is quick
-    assert onednn.faster(quick, slow, (2, 2), key=("t", 2)) is quick
-    # remembered per key: not measured again
-    assert onednn.faster(slow, quick, (2, 2), key=("t", 2)) is slow
+    assert onednn.fastest({"a": slow, "b": quick, "c": None}, (2, 2), key=("t", 1)) is quick
+    assert onednn.fastest({"a": quick, "b": slow}, (2, 2), key=("t", 2)) is quick
+    # remembered per key by name: not measured again
+    assert onednn.fastest({"a": slow, "b": quick}, (2, 2), key=("t", 2)) is slow
+    assert onednn.fastest({"only": slow, "none": None}, (2, 2)) is slow
 
 
 @needs_onednn
@@ -220,3 +221,24 @@ def test_packed_convolutions_chain_through_channels_last_outputs():
                                rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(c2(y[:, :, :, :].transpose(2, 3).contiguous().transpose(2, 3)),
                                want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "tanh"])
+def test_ort_convolutions_match_torch(act):
+    from ollie.runtime.ort_conv import ort_conv
+
+    torch.manual_seed(6)
+    f = onednn.POST_OPS[act]
+    x, wt, b = torch.randn(2, 3, 7, 6), torch.randn(5, 3, 3, 3), torch.randn(5)
+    conv = ort_conv("Conv2d", wt, b, tuple(x.shape), (1, 2), (1, 0), (1, 1), activation=act)
+    assert conv is not None
+    torch.testing.assert_close(conv(x), f(F.conv2d(x, wt, b, (1, 2), (1, 0))), rtol=1e-4,
+                               atol=1e-4)
+    wt2 = torch.randn(3, 4, 4, 4)
+    convt = ort_conv("ConvTranspose2d", wt2, None, tuple(x.shape), (2, 2), (1, 1), (1, 1),
+                     activation=act)
+    assert convt is not None
+    torch.testing.assert_close(convt(x), f(F.conv_transpose2d(x, wt2, None, 2, 1)),
+                               rtol=1e-4, atol=1e-4)
+    assert ort_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
+                    activation="gelu") is None

@@ -64,8 +64,13 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
             def plain(x: torch.Tensor) -> torch.Tensor:
                 return post_fn(F.conv2d(x, wa, stride=stride, padding=pad, dilation=dil))
 
-            conv = onednn.faster(packed, plain, shape, ("Conv", tuple(wa.shape), shape, stride,
-                                                        pad, dil, act))
+            from ollie.runtime.ort_conv import ort_conv
+
+            conv = onednn.fastest(
+                {"oneDNN packed": packed, "torch": plain,
+                 "ONNX Runtime": ort_conv("Conv2d", wa, None, shape, stride, pad, dil,
+                                          activation=str(act) if act else None)},
+                shape, ("Conv", tuple(wa.shape), shape, stride, pad, dil, act))
             return lambda env, out: conv(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:

@@ -130,28 +130,35 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         return None
 
 
-_CHOICES: dict[tuple, bool] = {}
-"""Per convolution configuration: whether the packed oneDNN call measured faster."""
+_CHOICES: dict[tuple, str] = {}
+"""Per convolution configuration: the name of the implementation that measured fastest."""
 
 
-def faster(packed: Conv, plain: Conv, input_shape: tuple[int, ...],
-           key: tuple | None = None) -> Conv:
-    """The faster of ``packed`` and ``plain`` on a random input of ``input_shape`` (timed
-    alternately, a few rounds; the choice is remembered per ``key``). Packing removes the
-    per-call weight reorder, but for some shapes oneDNN's primitive for the packed layout is
-    slower than the one eager PyTorch picks, so the choice is measured, like a cuDNN
+def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
+            key: tuple | None = None) -> Conv:
+    """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
+    ``input_shape``, timed alternately for a few rounds; the choice is remembered per ``key``.
+    Packing removes oneDNN's per-call weight reorder, but for some shapes the primitive for the
+    packed layout, or another library's kernel, is faster: the choice is measured, like a cuDNN
     benchmark-mode algorithm choice."""
     from ollie.tune.measure import measure_alternating
 
-    if key is not None and key in _CHOICES:
-        return packed if _CHOICES[key] else plain
+    usable = {n: f for n, f in impls.items() if f is not None}
+    if not usable:
+        raise ValueError("no convolution implementation to choose from")
+    if len(usable) == 1:
+        return next(iter(usable.values()))
+    if key is not None and _CHOICES.get(key) in usable:
+        return usable[_CHOICES[key]]
     probe = torch.randn(input_shape)
-    times = measure_alternating({"packed": lambda: packed(probe), "plain": lambda: plain(probe)},
-                                rounds=5, warmup=1, max_seconds=2.0, min_sample=1e-3)
-    use = times["packed"] <= times["plain"]
+    times = measure_alternating({n: (lambda f=f: f(probe)) for n, f in usable.items()},
+                                rounds=5, warmup=1, max_seconds=3.0, min_sample=1e-3)
+    name = min(times, key=times.__getitem__)
+    log.debug("convolution %s: %s (%s)", list(input_shape), name,
+              ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
     if key is not None:
-        _CHOICES[key] = use
-    return packed if use else plain
+        _CHOICES[key] = name
+    return usable[name]
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -188,9 +195,14 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
                       if op == "Conv2d" else
                       packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
                                               activation))
+            from ollie.runtime.ort_conv import ort_conv
+
             key = (op, tuple(weight.shape), shape, st, pad, dil, groups, opad, activation,
                    bias is None)
-            fn = cache[shape] = faster(packed, fallback, shape, key) if packed else fallback
+            fn = cache[shape] = fastest(
+                {"oneDNN packed": packed, "torch": fallback,
+                 "ONNX Runtime": ort_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
+                                          activation)}, shape, key)
         return fn(x)
 
     return run

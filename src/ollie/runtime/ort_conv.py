@@ -1,0 +1,102 @@
+"""Convolutions run by ONNX Runtime's CPU kernels (MLAS): a third library implementation of a
+convolution kernel, next to oneDNN with packed weights and eager PyTorch.
+
+On some CPUs and shapes MLAS's convolution is much faster than oneDNN's (measured on a 2-core
+AMD EPYC: SRCNN's 5x5, 64 -> 32 channel layer); the runtime measures the implementations once
+per configuration and keeps the fastest (:func:`ollie.runtime.onednn.fastest`).
+
+:func:`ort_conv` builds a one-node ONNX model (weights and bias as initializers, the input
+shape fixed, the activation as a following node that ONNX Runtime fuses) and an inference
+session with every graph optimisation, the same number of threads as PyTorch, and no
+busy-waiting between runs (spinning threads would take the cores from the next kernel). The
+result is checked against PyTorch on a random input; any failure gives ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+Conv = Callable[[torch.Tensor], torch.Tensor]
+_ONNX_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
+
+
+def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
+             input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
+             dilation: tuple[int, int], groups: int = 1,
+             output_padding: tuple[int, int] = (0, 0), activation: str | None = None
+             ) -> Conv | None:
+    """``x -> f(op(x, weight, bias, ...))`` for ``op`` ``"Conv2d"`` / ``"ConvTranspose2d"``
+    on float32 NCHW inputs of ``input_shape``; ``None`` where ONNX Runtime cannot run it."""
+    if op not in ("Conv2d", "ConvTranspose2d") or (activation and activation not in _ONNX_ACT):
+        return None
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        w = weight.detach().cpu().float().contiguous()
+        b = None if bias is None else bias.detach().cpu().float().contiguous()
+        if op == "Conv2d":
+            want = F.conv2d(torch.zeros(input_shape), w, b, stride, padding, dilation, groups)
+        else:
+            want = F.conv_transpose2d(torch.zeros(input_shape), w, b, stride, padding,
+                                      output_padding, groups, dilation)
+        out_shape = list(want.shape)
+        attrs = dict(strides=list(stride), pads=[*padding, *padding], dilations=list(dilation),
+                     group=groups, kernel_shape=list(w.shape[2:]))
+        if op == "ConvTranspose2d":
+            attrs["output_padding"] = list(output_padding)
+        inits = [numpy_helper.from_array(w.numpy(), "W")]
+        names = ["X", "W"]
+        if b is not None:
+            inits.append(numpy_helper.from_array(b.numpy(), "B"))
+            names.append("B")
+        conv_out = "C" if activation else "Y"
+        nodes = [helper.make_node("Conv" if op == "Conv2d" else "ConvTranspose", names,
+                                  [conv_out], **attrs)]
+        if activation:
+            nodes.append(helper.make_node(_ONNX_ACT[activation], ["C"], ["Y"]))
+        graph = helper.make_graph(
+            nodes, "conv",
+            [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(input_shape))],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = torch.get_num_threads()
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # an unavailable backend is only skipped
+        log.info("no ONNX Runtime convolution for input %s: %s", list(input_shape), exc)
+        return None
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        arr = x.detach().contiguous().numpy()
+        return torch.from_numpy(sess.run(None, {"X": arr})[0])
+
+    from ollie.runtime.onednn import POST_OPS, _checked
+
+    post = POST_OPS[activation]
+    if op == "Conv2d":
+        ref = lambda x: post(F.conv2d(x, w, b, stride, padding, dilation, groups))  # noqa: E731
+    else:
+        ref = lambda x: post(F.conv_transpose2d(  # noqa: E731
+            x, w, b, stride, padding, output_padding, groups, dilation))
+    try:
+        return _checked(run, ref, input_shape)
+    except Exception as exc:
+        log.info("ONNX Runtime convolution failed for input %s: %s", list(input_shape), exc)
+        return None
+
+
+__all__ = ["ort_conv"]
+
