@@ -242,3 +242,31 @@ def test_ort_convolutions_match_torch(act):
                                rtol=1e-4, atol=1e-4)
     assert ort_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
                     activation="gelu") is None
+
+
+def test_fastest_of_builds_only_the_remembered_choice():
+    import time
+
+    built: list[str] = []
+
+    def builder(name, fn):
+        def build():
+            built.append(name)
+            return fn
+        return build
+
+    def slow(x):
+        time.sleep(0.002)
+        return x
+
+    def quick(x):
+        return x
+
+    key = ("fastest_of", 1)
+    b = {"slow": builder("slow", slow), "quick": builder("quick", quick),
+         "none": builder("none", None)}
+    assert onednn.fastest_of(b, (2,), key) is quick
+    assert sorted(built) == ["none", "quick", "slow"]
+    built.clear()
+    assert onednn.fastest_of(b, (2,), key) is quick
+    assert built == ["quick"]

@@ -56,22 +56,22 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         w = library._input(k, 1, constants)
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
         wa = w * alpha if alpha != 1.0 else w
-        packed = onednn.packed_conv2d(wa, shape, stride, pad, dil,
-                                      activation=str(act) if act else None)
-        if packed is not None:
-            post_fn = post or onednn.POST_OPS[None]
+        fn_name = str(act) if act else None
+        post_fn = onednn.POST_OPS[fn_name]
 
-            def plain(x: torch.Tensor) -> torch.Tensor:
-                return post_fn(F.conv2d(x, wa, stride=stride, padding=pad, dilation=dil))
+        def plain(x: torch.Tensor) -> torch.Tensor:
+            return post_fn(F.conv2d(x, wa, stride=stride, padding=pad, dilation=dil))
 
-            from ollie.runtime.ort_conv import ort_conv
+        from ollie.runtime.ort_conv import ort_conv
 
-            conv = onednn.fastest(
-                {"oneDNN packed": packed, "torch": plain,
-                 "ONNX Runtime": ort_conv("Conv2d", wa, None, shape, stride, pad, dil,
-                                          activation=str(act) if act else None)},
-                shape, ("Conv", tuple(wa.shape), shape, stride, pad, dil, act))
-            return lambda env, out: conv(library._input(k, 0, env))
+        conv = onednn.fastest_of(
+            {"oneDNN packed": lambda: onednn.packed_conv2d(wa, shape, stride, pad, dil,
+                                                           activation=fn_name),
+             "torch": lambda: plain,
+             "ONNX Runtime": lambda: ort_conv("Conv2d", wa, None, shape, stride, pad, dil,
+                                              activation=fn_name)},
+            shape, ("Conv", tuple(wa.shape), shape, stride, pad, dil, act))
+        return lambda env, out: conv(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         if not symmetric:

@@ -161,6 +161,19 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
     return usable[name]
 
 
+def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tuple[int, ...],
+               key: tuple) -> Conv:
+    """:func:`fastest` over implementations built by ``builders`` (each returns a callable or
+    None); once a choice is remembered for ``key`` only the chosen one is built (building an
+    implementation packs a weight or creates an ONNX Runtime session)."""
+    chosen = _CHOICES.get(key)
+    if chosen in builders:
+        impl = builders[chosen]()
+        if impl is not None:
+            return impl
+    return fastest({name: build() for name, build in builders.items()}, input_shape, key)
+
+
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation: str | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
@@ -191,18 +204,20 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         shape = tuple(x.shape)
         fn = cache.get(shape)
         if fn is None:
-            packed = (packed_conv2d(weight, shape, st, pad, dil, bias, groups, activation)
-                      if op == "Conv2d" else
-                      packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
-                                              activation))
             from ollie.runtime.ort_conv import ort_conv
+
+            def packed() -> Conv | None:
+                if op == "Conv2d":
+                    return packed_conv2d(weight, shape, st, pad, dil, bias, groups, activation)
+                return packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
+                                               activation)
 
             key = (op, tuple(weight.shape), shape, st, pad, dil, groups, opad, activation,
                    bias is None)
-            fn = cache[shape] = fastest(
-                {"oneDNN packed": packed, "torch": fallback,
-                 "ONNX Runtime": ort_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
-                                          activation)}, shape, key)
+            fn = cache[shape] = fastest_of(
+                {"oneDNN packed": packed, "torch": lambda: fallback,
+                 "ONNX Runtime": lambda: ort_conv(op, weight, bias, shape, st, pad, dil, groups,
+                                                  opad, activation)}, shape, key)
         return fn(x)
 
     return run
