@@ -99,4 +99,3 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 __all__ = ["ort_conv"]
-
