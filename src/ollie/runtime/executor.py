@@ -40,8 +40,9 @@ OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
 """Kernels that write into a given output buffer."""
 
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
-    """Symmetric padding runs ``conv2d``; with a constant weight on the CPU the weight is packed
-    for oneDNN once, here (:mod:`ollie.runtime.onednn`), and ``alpha`` folded into it."""
+    """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
+    implementation (:func:`ollie.runtime.onednn.best_conv`: the weight packed for oneDNN once,
+    here, plain torch or ONNX Runtime), with ``alpha`` folded into the weight."""
     p = k.params
     symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
     stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
@@ -55,22 +56,8 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
 
         w = library._input(k, 1, constants)
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
-        wa = w * alpha if alpha != 1.0 else w
-        fn_name = str(act) if act else None
-        post_fn = onednn.POST_OPS[fn_name]
-
-        def plain(x: torch.Tensor) -> torch.Tensor:
-            return post_fn(F.conv2d(x, wa, stride=stride, padding=pad, dilation=dil))
-
-        from ollie.runtime.ort_conv import ort_conv
-
-        conv = onednn.fastest_of(
-            {"oneDNN packed": lambda: onednn.packed_conv2d(wa, shape, stride, pad, dil,
-                                                           activation=fn_name),
-             "torch": lambda: plain,
-             "ONNX Runtime": lambda: ort_conv("Conv2d", wa, None, shape, stride, pad, dil,
-                                              activation=fn_name)},
-            shape, ("Conv", tuple(wa.shape), shape, stride, pad, dil, act))
+        conv = onednn.best_conv("Conv2d", w * alpha if alpha != 1.0 else w, None, shape,
+                                stride, pad, dil, activation=str(act) if act else None)
         return lambda env, out: conv(library._input(k, 0, env))
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
@@ -110,7 +97,7 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     run_flat = getattr(fn, "run_flat", None)
     if run_flat is not None:
         # generated CPU code: flat numpy views of the tensors, no per-call checks (the
-        # program's shapes were checked when it was built); ~40 us less per call
+        # program's shapes were checked when it was built)
         order = fn.input_names
         shape = tuple(k.output_shape)
 
@@ -173,7 +160,8 @@ def _alias_fn(k: Kernel) -> KernelFn:
 
 def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """A graph operator run as it is; a convolution whose weight (and bias) are constants of
-    the program runs with the weight packed once (:func:`ollie.runtime.onednn.node_runner`)."""
+    the program runs through the fastest library implementation
+    (:func:`ollie.runtime.onednn.node_runner`)."""
     from ollie.graph import run_node
 
     node = k.params["node"]

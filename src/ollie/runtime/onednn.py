@@ -1,4 +1,5 @@
-"""Convolutions with weights packed once (oneDNN, CPU): the library Conv kernel's fast path.
+"""Library convolutions on the CPU: weights packed once for oneDNN, and the choice of the
+fastest implementation per configuration.
 
 PyTorch eager's ``conv2d`` / ``conv_transpose2d`` on the CPU re-lay out the weight into
 oneDNN's blocked format on every call; for a program whose weights are constants (inference)
@@ -11,10 +12,11 @@ eOperator makes it contiguous first), and a channels-last input is taken as it i
 
 :func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
-the primitive rejects), in which case the caller keeps the torch function. Every packed
-convolution is checked once against the torch function on a random input when it is built; a
-disagreement also gives ``None``. :func:`node_runner` does this for graph nodes (the original
-operators a program keeps), packing on the first call for each input shape.
+the primitive rejects). Every implementation is checked once against the torch function on a
+random input when it is built; a disagreement also gives ``None``. :func:`best_conv` times
+oneDNN-packed, plain torch and ONNX Runtime (:mod:`ollie.runtime.ort_conv`) once per
+configuration and keeps the fastest; :func:`node_runner` does this for graph nodes (the
+original operators a program keeps) on the first call for each input shape.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...]) -> Conv | None:
         want, got = ref(probe), run(probe)
     scale = float(want.abs().max()) + 1e-6
     if got.shape != want.shape or float((got - want).abs().max()) > 1e-3 * scale:
-        log.warning("packed oneDNN convolution disagrees with torch for input %s; using "
-                    "torch", list(input_shape))
+        log.warning("a library convolution disagrees with torch for input %s; not used",
+                    list(input_shape))
         return None
     return run
 
@@ -174,18 +176,50 @@ def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tupl
     return fastest({name: build() for name, build in builders.items()}, input_shape, key)
 
 
+def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
+              input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
+              dilation: tuple[int, int], groups: int = 1,
+              output_padding: tuple[int, int] = (0, 0), activation: str | None = None) -> Conv:
+    """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``) by
+    the fastest of oneDNN with the weight packed, plain torch and ONNX Runtime, measured once
+    per configuration (:func:`fastest_of`)."""
+    from ollie.runtime.ort_conv import ort_conv
+
+    post = POST_OPS[activation]
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        if op == "Conv2d":
+            return post(F.conv2d(x, weight, bias, stride, padding, dilation, groups))
+        return post(F.conv_transpose2d(x, weight, bias, stride, padding, output_padding,
+                                       groups, dilation))
+
+    def packed() -> Conv | None:
+        if op == "Conv2d":
+            return packed_conv2d(weight, input_shape, stride, padding, dilation, bias, groups,
+                                 activation)
+        return packed_conv_transpose2d(weight, input_shape, stride, padding, output_padding,
+                                       dilation, bias, groups, activation)
+
+    key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
+           output_padding, activation, bias is None)
+    return fastest_of({"oneDNN packed": packed, "torch": lambda: plain,
+                       "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride,
+                                                        padding, dilation, groups,
+                                                        output_padding, activation)},
+                      input_shape, key)
+
+
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation: str | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
     ``bias``) and symmetric padding: a callable running it (then ``activation``) with the
-    weight packed, on the first call for each input shape. ``None`` for other nodes; a shape
-    that cannot be packed falls back to the torch functions."""
+    :func:`best_conv` implementation, chosen on the first call for each input shape. ``None``
+    for other nodes."""
     from ollie.graph.execute import _pad4, _pair
 
     if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
             activation not in POST_OPS:
         return None
-    post = POST_OPS[activation]
     top, left, bottom, right = _pad4(attrs.get("padding", 0))
     if (top, left) != (bottom, right):
         return None
@@ -195,29 +229,12 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     opad = _pair(attrs.get("output_padding", 0))
     cache: dict[tuple[int, ...], Conv] = {}
 
-    def fallback(x: torch.Tensor) -> torch.Tensor:
-        if op == "Conv2d":
-            return post(F.conv2d(x, weight, bias, st, pad, dil, groups))
-        return post(F.conv_transpose2d(x, weight, bias, st, pad, opad, groups, dil))
-
     def run(x: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape)
         fn = cache.get(shape)
         if fn is None:
-            from ollie.runtime.ort_conv import ort_conv
-
-            def packed() -> Conv | None:
-                if op == "Conv2d":
-                    return packed_conv2d(weight, shape, st, pad, dil, bias, groups, activation)
-                return packed_conv_transpose2d(weight, shape, st, pad, opad, dil, bias, groups,
-                                               activation)
-
-            key = (op, tuple(weight.shape), shape, st, pad, dil, groups, opad, activation,
-                   bias is None)
-            fn = cache[shape] = fastest_of(
-                {"oneDNN packed": packed, "torch": lambda: fallback,
-                 "ONNX Runtime": lambda: ort_conv(op, weight, bias, shape, st, pad, dil, groups,
-                                                  opad, activation)}, shape, key)
+            fn = cache[shape] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
+                                          activation)
         return fn(x)
 
     return run
