@@ -270,3 +270,78 @@ def test_fastest_of_builds_only_the_remembered_choice():
     built.clear()
     assert onednn.fastest_of(b, (2,), key) is quick
     assert built == ["quick"]
+
+
+@pytest.mark.parametrize("act", [None, "relu"])
+def test_every_conv_implementation_adds_a_residual_before_its_activation(act):
+    """oneDNN's binary add post-op, ONNX Runtime's fused Conv+Add and torch's conv + add_
+    all compute f(conv(x) + r), whatever the memory formats of x and r."""
+    from ollie.runtime.ort_conv import ort_conv
+
+    torch.manual_seed(8)
+    f = onednn.POST_OPS[act]
+    x, wt, b = torch.randn(2, 4, 7, 6), torch.randn(5, 4, 3, 3), torch.randn(5)
+    r = torch.randn(2, 5, 7, 6)
+    want = f(F.conv2d(x, wt, b, padding=1) + r)
+    impls = {"ort": ort_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
+                             activation=act, residual=True),
+             "best": onednn.best_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
+                                      activation=act, residual=True)}
+    if onednn.available():
+        impls["packed"] = onednn.packed_conv2d(wt, tuple(x.shape), (1, 1), (1, 1), (1, 1),
+                                               bias=b, activation=act, residual=True)
+    cl = torch.channels_last
+    for name, conv in impls.items():
+        assert conv is not None, name
+        for xx, rr in [(x, r), (x.contiguous(memory_format=cl), r.contiguous(memory_format=cl))]:
+            r_before = rr.clone()
+            torch.testing.assert_close(conv(xx, rr), want, rtol=1e-4, atol=1e-4)
+            assert torch.equal(rr, r_before), f"{name} wrote into its residual input"
+    assert onednn.packed_conv_transpose2d(torch.randn(4, 3, 2, 2), (1, 4, 5, 5), (2, 2),
+                                          (0, 0), (0, 0), (1, 1), residual=True) is None
+
+
+def test_residual_blocks_fold_their_add_and_relu_into_the_second_convolution():
+    """A ResNet basic block with the original operators kept: the skip addition and ReLU
+    become the second convolution's residual input and post-op (one kernel fewer), the
+    program still matches the module, and the saved program loads and runs the same."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(6, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.c2(torch.relu(self.c1(x))) + x)
+
+    torch.manual_seed(4)
+    m = Block().eval()
+    x = torch.randn(2, 6, 9, 9)
+    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, max_candidates=0,
+                          use_cache=False)
+    with torch.inference_mode():
+        want = m(x)
+    torch.testing.assert_close(prog(x), want, rtol=1e-4, atol=1e-5)
+    kinds = [(k.kind, k.params.get("activation"), bool(k.params.get("residual")))
+             for k in prog.program.kernels]
+    assert kinds == [("Node", "relu", False), ("Node", "relu", True)]
+    assert prog.program.kernels[1].inputs[-1] == prog.program.inputs[0][0]
+    ref = CompiledProgram(prog.program, backend="reference")
+    torch.testing.assert_close(ref(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_residual_of_recognises_only_whole_tensor_additions():
+    from ollie.match.eop import make_eop
+    from ollie.program.postprocess import residual_of
+
+    def eop(body: str):
+        e = ollie.parse(f"C: [2, 3]\nR: [2, 3]\nL<i=0:2, j=0:3> {body}")
+        return make_eop(e.root, e.inputs, "Y")
+
+    assert residual_of(eop("relu(C[i, j] + R[i, j])"), "C") == ("R", "relu")
+    assert residual_of(eop("R[i, j] + C[i, j]"), "C") == ("R", None)
+    assert residual_of(eop("C[i, j] - R[i, j]"), "C") is None
+    assert residual_of(eop("C[i, j] * R[i, j]"), "C") is None
+    e = ollie.parse("C: [2, 3]\nR: [3, 2]\nL<i=0:2, j=0:3> C[i, j] + R[j, i]")
+    assert residual_of(make_eop(e.root, e.inputs, "Y"), "C") is None

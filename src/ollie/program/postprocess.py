@@ -12,6 +12,11 @@
   ``Conv2d`` / ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads becomes
   the convolution's ``activation`` parameter: oneDNN applies it as a post-op while the output
   is still in cache (a ``Conv`` kernel's expression becomes ``f(conv)``, so it stays exact).
+* **Residual fusion into convolutions**: an eOperator computing ``f(conv + r)`` (a residual
+  connection, then maybe an activation) over the whole output of an original ``Conv2d`` kept
+  as a ``Node`` that nothing else reads becomes that node's ``residual`` input (and
+  ``activation``): one library call with oneDNN's binary add post-op instead of a convolution
+  and a memory-bound eOperator.
 * **Identity eOperator elimination**: an eOperator that only re-reads one tensor in the same
   flat order (a reshape, or a contiguous slice) becomes an ``Alias`` kernel: a zero-copy view.
 
@@ -25,7 +30,7 @@ import logging
 import numpy as np
 import torch
 
-from ollie.ir import Access, Call, Expr, Scope, accesses
+from ollie.ir import Access, BinOp, Call, Expr, Scope, accesses
 from ollie.match.eop import make_eop
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
@@ -105,6 +110,25 @@ ACTIVATIONS = ("relu", "tanh", "sigmoid")
 FUSIBLE_NODES = ("Conv2d", "ConvTranspose2d")
 
 
+def _whole(k: Kernel, arg: object) -> str | None:
+    """The tensor ``arg`` reads if it is an access to the whole of an input of eOperator
+    ``k`` in the output's own order (same shape, every index the matching iterator)."""
+    assert k.expr is not None
+    root = k.expr.root
+    if not isinstance(arg, Access) or not isinstance(arg.source, str):
+        return None
+    shape = dict(k.expr.decls).get(arg.source)
+    if shape is None or tuple(shape) != tuple(it.size for it in root.traversal) or \
+            any(it.lo != 0 for it in root.traversal):
+        return None
+    order = tuple(it.name for it in root.traversal)
+    if len(arg.indices) != len(order) or any(
+            not idx.is_linear or idx.const or idx.vars() != {n} or idx.coef(n) != 1
+            for idx, n in zip(arg.indices, order, strict=True)):
+        return None
+    return arg.source
+
+
 def activation_of(k: Kernel, source: str) -> str | None:
     """The function if ``k`` is an eOperator computing ``f(source[i...])`` over the whole of
     ``source`` in its own order (``f`` in :data:`ACTIVATIONS`), else None."""
@@ -115,21 +139,30 @@ def activation_of(k: Kernel, source: str) -> str | None:
     if root.summation or not isinstance(body, Call) or body.fn not in ACTIVATIONS:
         return None
     (arg,) = body.args
-    shape = dict(k.expr.decls).get(source)
-    if not isinstance(arg, Access) or arg.source != source or shape is None or \
-            tuple(shape) != tuple(it.size for it in root.traversal) or \
-            any(it.lo != 0 for it in root.traversal):
+    return body.fn if _whole(k, arg) == source else None
+
+
+def residual_of(k: Kernel, source: str) -> tuple[str, str | None] | None:
+    """``(other, f)`` if ``k`` is an eOperator computing ``f(source[i...] + other[i...])``
+    (either operand order; ``f`` in :data:`ACTIVATIONS` or ``None``: no function) over the
+    whole of both tensors in the output's order, ``other`` a different tensor; else None."""
+    if k.kind != "eOp" or k.expr is None or len(k.inputs) != 2 or source not in k.inputs:
         return None
-    order = tuple(it.name for it in root.traversal)
-    if len(arg.indices) != len(order) or any(
-            not idx.is_linear or idx.const or idx.vars() != {n} or idx.coef(n) != 1
-            for idx, n in zip(arg.indices, order, strict=True)):
+    root = k.expr.root
+    body, fn = root.body, None
+    if isinstance(body, Call) and body.fn in ACTIVATIONS and len(body.args) == 1:
+        body, fn = body.args[0], body.fn
+    if root.summation or not isinstance(body, BinOp) or body.op != "+":
         return None
-    return body.fn
+    reads = (_whole(k, body.lhs), _whole(k, body.rhs))
+    other = reads[1] if reads[0] == source else reads[0] if reads[1] == source else None
+    if other is None or other == source:
+        return None
+    return other, fn
 
 
 def _fusible_producer(k: Kernel) -> bool:
-    if "activation" in k.params:
+    if "activation" in k.params or "residual" in k.params:
         return False
     if k.kind == "Conv":
         return True
@@ -160,6 +193,45 @@ def fuse_activations(prog: Program) -> Program:
         kernels[i] = Kernel(p.kind, {**p.params, "activation": fn}, p.inputs, c.output, expr,
                             p.views, c.output_shape if p.kind == "Node" else p.shape)
         drop.add(users[0])
+    if not drop:
+        return prog
+    kept = [k for j, k in enumerate(kernels) if j not in drop]
+    return Program(prog.inputs, prog.outputs, kept, prog.constants)
+
+
+RESIDUAL_NODES = ("Conv2d",)
+"""Graph convolutions a following residual addition folds into."""
+
+
+def fuse_residuals(prog: Program) -> Program:
+    """Fold ``f(conv + r)`` eOperators (a residual connection, then maybe an activation) into
+    the original convolution node before them when nothing else reads its output: the node
+    gets ``residual`` (its last input is ``r``) and ``activation`` parameters and runs as one
+    library call (oneDNN's binary add post-op, or ONNX Runtime's fused Conv+Add). The fused
+    kernel takes the eOperator's place in the program (``r`` is computed by then)."""
+    kernels = list(prog.kernels)
+    readers: dict[str, list[int]] = {}
+    for i, k in enumerate(kernels):
+        for n in set(k.inputs):
+            readers.setdefault(n, []).append(i)
+    drop: set[int] = set()
+    for i, p in enumerate(kernels):
+        users = readers.get(p.output, [])
+        if not _fusible_producer(p) or p.kind != "Node" or \
+                p.params.get("op") not in RESIDUAL_NODES or p.output in prog.outputs or \
+                len(users) != 1 or users[0] in drop:
+            continue
+        c = kernels[users[0]]
+        found = residual_of(c, p.output)
+        if found is None:
+            continue
+        other, fn = found
+        params = {**p.params, "residual": True}
+        if fn is not None:
+            params["activation"] = fn
+        kernels[users[0]] = Kernel("Node", params, (*p.inputs, other), c.output, None, p.views,
+                                   c.output_shape)
+        drop.add(i)
     if not drop:
         return prog
     kept = [k for j, k in enumerate(kernels) if j not in drop]
@@ -223,10 +295,11 @@ def eliminate_identities(prog: Program) -> Program:
 
 
 def postprocess(prog: Program) -> Program:
-    """All passes: fold weights, fuse eOperators, fuse activations into convolutions,
-    eliminate identities, fold again."""
+    """All passes: fold weights, fuse eOperators, fuse residual additions and activations
+    into convolutions, eliminate identities, fold again."""
     prog = fold_constants(prog)
     prog = fuse_eops(prog)
+    prog = fuse_residuals(prog)
     prog = fuse_activations(prog)
     prog = eliminate_identities(prog)
     prog = fold_constants(prog)

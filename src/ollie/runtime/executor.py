@@ -161,12 +161,17 @@ def _alias_fn(k: Kernel) -> KernelFn:
 def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """A graph operator run as it is; a convolution whose weight (and bias) are constants of
     the program runs through the fastest library implementation
-    (:func:`ollie.runtime.onednn.node_runner`)."""
+    (:func:`ollie.runtime.onednn.node_runner`), and NCHW max pooling on the CPU through
+    :mod:`ollie.runtime.pool`. A ``residual`` convolution (post-processing folded a following
+    residual addition into it) reads the residual as its last input and adds it before its
+    ``activation``."""
     from ollie.graph import run_node
 
     node = k.params["node"]
     extra = list(node.outputs[1:])  # type: ignore[attr-defined]
-    ins = list(k.inputs)
+    residual = bool(k.params.get("residual"))
+    ins = list(k.inputs[:-1] if residual else k.inputs)
+    skip = k.inputs[-1] if residual else None
     act = k.params.get("activation")
     post = POST_OPS[str(act)] if act else None
     if constants is not None and len(ins) in (2, 3) and not extra and \
@@ -176,15 +181,57 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         fast = onednn.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
                                   constants[ins[1]],
                                   constants[ins[2]] if len(ins) == 3 else None,
-                                  activation=str(act) if act else None)
+                                  activation=str(act) if act else None, residual=residual)
         if fast is not None:
+            if skip is not None:
+                return lambda env, out: fast(env[ins[0]], env[skip])
             return lambda env, out: fast(env[ins[0]])
+    if node.op == "MaxPool2d" and not residual and not act and not extra:  # type: ignore
+        return _max_pool_fn(k, node)
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
-        outs = run_node(node, [env[n] for n in k.inputs])  # type: ignore[arg-type]
+        outs = run_node(node, [env[n] for n in ins])  # type: ignore[arg-type]
         for name, t in zip(extra, outs[1:], strict=True):
             env[name] = t
-        return outs[0] if post is None else post(outs[0])
+        y = outs[0]
+        if skip is not None:
+            y = y + env[skip]
+        return y if post is None else post(y)
+
+    return run
+
+
+def _writes_out(k: Kernel) -> bool:
+    """Node kernels that can write into a given output buffer (max pooling of NCHW tensors)."""
+    return k.kind == "Node" and k.params.get("op") == "MaxPool2d" and \
+        not k.params.get("activation") and not k.params.get("residual")
+
+
+def _max_pool_fn(k: Kernel, node: object) -> KernelFn:
+    """NCHW-contiguous CPU inputs through :func:`ollie.runtime.pool.max_pool_runner`, others
+    (channels-last: PyTorch is fast there) through the graph executor."""
+    from ollie.graph import run_node
+    from ollie.graph.execute import _pad4, _pair
+    from ollie.runtime.pool import max_pool_runner
+
+    a = dict(node.attrs)  # type: ignore[attr-defined]
+    kernel = _pair(a["kernel_size"])
+    stride = kernel if a.get("stride") is None else _pair(a["stride"])
+    pads, dil = _pad4(a.get("padding", 0)), _pair(a.get("dilation", 1))
+    ceil_mode = bool(a.get("ceil_mode", False))
+    runners: dict[tuple[int, ...], Callable | None] = {}
+    name = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        x = env[name]
+        y = None
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+            shape = tuple(x.shape)
+            if shape not in runners:
+                runners[shape] = max_pool_runner(shape, kernel, stride, pads, dil, ceil_mode)
+            fast = runners[shape]
+            y = fast(x, out) if fast is not None else None
+        return y if y is not None else run_node(node, [x])[0]  # type: ignore[arg-type]
 
     return run
 
@@ -257,7 +304,7 @@ class CompiledProgram:
         self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
                        k.output not in aliased for k in kernels]
         # the other kernels that can write into a given buffer take one from the cache
-        self.cached = [k.kind in OUT_KINDS and not p for k, p in
+        self.cached = [(k.kind in OUT_KINDS or _writes_out(k)) and not p for k, p in
                        zip(kernels, self.pooled, strict=True)]
         self.pooled_names = {k.output for k, p in zip(kernels, self.pooled, strict=True) if p}
 

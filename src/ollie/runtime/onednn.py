@@ -10,6 +10,11 @@ oneDNN primitives, without the per-call reorder). oneDNN may return a channels-l
 it is kept so (a following packed convolution reads it without a reorder; a generated
 eOperator makes it contiguous first), and a channels-last input is taken as it is.
 
+A convolution may also add a residual tensor before its activation (``f(conv(x) + r)``, a
+ResNet block's skip connection): oneDNN's binary ``add`` post-op (for ``conv2d``), ONNX
+Runtime's fused Conv+Add(+Relu), or torch's conv followed by in-place ``add_`` and activation.
+The callables then take ``(x, r)``.
+
 :func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
 the primitive rejects). Every implementation is checked once against the torch function on a
@@ -28,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
-Conv = Callable[[torch.Tensor], torch.Tensor]
+Conv = Callable[..., torch.Tensor]
+"""A convolution: ``f(x)``, or ``f(x, r)`` for one with a residual input."""
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -48,11 +54,23 @@ def available() -> bool:
             and hasattr(torch._C._nn, "mkldnn_reorder_conv2d_weight"))
 
 
-def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...]) -> Conv | None:
-    """``run`` if it agrees with ``ref`` on a random input of ``input_shape``, else None."""
+def probes(input_shape: tuple[int, ...], ref: Conv, residual: bool) -> tuple[torch.Tensor, ...]:
+    """Random arguments for a convolution ``ref`` of inputs of ``input_shape``: ``(x,)``, or
+    ``(x, r)`` with a residual ``r`` of the output's shape."""
+    x = torch.randn(input_shape)
+    if not residual:
+        return (x,)
     with torch.inference_mode():
-        probe = torch.randn(input_shape)
-        want, got = ref(probe), run(probe)
+        shape = ref(x, torch.zeros(())).shape
+    return x, torch.randn(shape)
+
+
+def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
+             residual: bool = False) -> Conv | None:
+    """``run`` if it agrees with ``ref`` on random arguments (:func:`probes`), else None."""
+    with torch.inference_mode():
+        args = probes(input_shape, ref, residual)
+        want, got = ref(*args), run(*args)
     scale = float(want.abs().max()) + 1e-6
     if got.shape != want.shape or float((got - want).abs().max()) > 1e-3 * scale:
         log.warning("a library convolution disagrees with torch for input %s; not used",
@@ -68,6 +86,19 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def _post(activation: str | None, residual: bool, conv: Conv) -> Conv:
+    """``x -> f(conv(x))`` or ``(x, r) -> f(conv(x) + r)`` (in place on the fresh output)."""
+    post = POST_OPS[activation]
+    if not residual:
+        return lambda x: post(conv(x))
+
+    def run(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        y = conv(x).add_(r)
+        return y if activation is None else post(y)
+
+    return run
+
+
 def _usable(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and available()
 
@@ -75,10 +106,12 @@ def _usable(weight: torch.Tensor) -> bool:
 def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                   stride: tuple[int, int], padding: tuple[int, int],
                   dilation: tuple[int, int], bias: torch.Tensor | None = None,
-                  groups: int = 1, activation: str | None = None) -> Conv | None:
+                  groups: int = 1, activation: str | None = None,
+                  residual: bool = False) -> Conv | None:
     """``x -> f(conv2d(x, weight, bias, stride, padding, dilation, groups))`` for NCHW inputs
     of ``input_shape``, with ``weight`` packed now and ``f`` the ``activation`` (one of
-    :data:`POST_OPS`, applied by oneDNN as a post-op; None: identity); ``None`` where that is
+    :data:`POST_OPS`, applied by oneDNN as a post-op; None: identity); with ``residual``,
+    ``(x, r) -> f(conv2d(x, ...) + r)`` (oneDNN's binary add post-op). ``None`` where that is
     not possible."""
     if not _usable(weight) or activation not in POST_OPS:
         return None
@@ -90,13 +123,19 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
             w.to_mkldnn(), pad, st, dil, groups, list(input_shape))
         op = torch.ops.mkldnn._convolution_pointwise
+        run: Conv
+        if residual:
+            binary = op.binary
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            return op(_dense(x), packed, b, pad, st, dil, groups, attr, [], "")
+            def run(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+                return binary(_dense(x), _dense(r), packed, b, pad, st, dil, groups, "add",
+                              None, activation, [], "")
+        else:
+            def run(x: torch.Tensor) -> torch.Tensor:
+                return op(_dense(x), packed, b, pad, st, dil, groups, attr, [], "")
 
-        post = POST_OPS[activation]
-        return _checked(run, lambda x: post(F.conv2d(x, w, b, st, pad, dil, groups)),
-                        input_shape)
+        ref = _post(activation, residual, lambda x: F.conv2d(x, w, b, st, pad, dil, groups))
+        return _checked(run, ref, input_shape, residual)
     except (RuntimeError, NotImplementedError) as exc:
         log.info("no packed oneDNN convolution for input %s: %s", list(input_shape), exc)
         return None
@@ -106,9 +145,11 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                             stride: tuple[int, int], padding: tuple[int, int],
                             output_padding: tuple[int, int], dilation: tuple[int, int],
                             bias: torch.Tensor | None = None, groups: int = 1,
-                            activation: str | None = None) -> Conv | None:
-    """As :func:`packed_conv2d` for ``conv_transpose2d`` (weight ``[C, F/groups, R, S]``)."""
-    if not _usable(weight) or activation not in POST_OPS:
+                            activation: str | None = None, residual: bool = False
+                            ) -> Conv | None:
+    """As :func:`packed_conv2d` for ``conv_transpose2d`` (weight ``[C, F/groups, R, S]``;
+    oneDNN has no binary post-op for it here: ``None`` with ``residual``)."""
+    if not _usable(weight) or activation not in POST_OPS or residual:
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
@@ -137,9 +178,10 @@ _CHOICES: dict[tuple, str] = {}
 
 
 def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
-            key: tuple | None = None) -> Conv:
+            key: tuple | None = None, args: tuple[torch.Tensor, ...] | None = None) -> Conv:
     """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
-    ``input_shape``, timed alternately for a few rounds; the choice is remembered per ``key``.
+    ``input_shape`` (or on ``args``), timed alternately for a few rounds; the choice is
+    remembered per ``key``.
     Packing removes oneDNN's per-call weight reorder, but for some shapes the primitive for the
     packed layout, or another library's kernel, is faster: the choice is measured, like a cuDNN
     benchmark-mode algorithm choice."""
@@ -152,8 +194,8 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
         return next(iter(usable.values()))
     if key is not None and _CHOICES.get(key) in usable:
         return usable[_CHOICES[key]]
-    probe = torch.randn(input_shape)
-    times = measure_alternating({n: (lambda f=f: f(probe)) for n, f in usable.items()},
+    probe = args if args is not None else (torch.randn(input_shape),)
+    times = measure_alternating({n: (lambda f=f: f(*probe)) for n, f in usable.items()},
                                 rounds=5, warmup=1, max_seconds=3.0, min_sample=1e-3)
     name = min(times, key=times.__getitem__)
     log.debug("convolution %s: %s (%s)", list(input_shape), name,
@@ -164,7 +206,7 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
 
 
 def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tuple[int, ...],
-               key: tuple) -> Conv:
+               key: tuple, args: tuple[torch.Tensor, ...] | None = None) -> Conv:
     """:func:`fastest` over implementations built by ``builders`` (each returns a callable or
     None); once a choice is remembered for ``key`` only the chosen one is built (building an
     implementation packs a weight or creates an ONNX Runtime session)."""
@@ -173,48 +215,51 @@ def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tupl
         impl = builders[chosen]()
         if impl is not None:
             return impl
-    return fastest({name: build() for name, build in builders.items()}, input_shape, key)
+    return fastest({name: build() for name, build in builders.items()}, input_shape, key,
+                   args)
 
 
 def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
               dilation: tuple[int, int], groups: int = 1,
-              output_padding: tuple[int, int] = (0, 0), activation: str | None = None) -> Conv:
-    """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``) by
-    the fastest of oneDNN with the weight packed, plain torch and ONNX Runtime, measured once
-    per configuration (:func:`fastest_of`)."""
+              output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
+              residual: bool = False) -> Conv:
+    """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
+    with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
+    weight packed, plain torch and ONNX Runtime, measured once per configuration
+    (:func:`fastest_of`)."""
     from ollie.runtime.ort_conv import ort_conv
 
-    post = POST_OPS[activation]
-
-    def plain(x: torch.Tensor) -> torch.Tensor:
+    def conv(x: torch.Tensor) -> torch.Tensor:
         if op == "Conv2d":
-            return post(F.conv2d(x, weight, bias, stride, padding, dilation, groups))
-        return post(F.conv_transpose2d(x, weight, bias, stride, padding, output_padding,
-                                       groups, dilation))
+            return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return F.conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups,
+                                  dilation)
+
+    plain = _post(activation, residual, conv)
 
     def packed() -> Conv | None:
         if op == "Conv2d":
             return packed_conv2d(weight, input_shape, stride, padding, dilation, bias, groups,
-                                 activation)
+                                 activation, residual)
         return packed_conv_transpose2d(weight, input_shape, stride, padding, output_padding,
-                                       dilation, bias, groups, activation)
+                                       dilation, bias, groups, activation, residual)
 
     key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
-           output_padding, activation, bias is None)
+           output_padding, activation, bias is None, residual)
     return fastest_of({"oneDNN packed": packed, "torch": lambda: plain,
                        "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride,
                                                         padding, dilation, groups,
-                                                        output_padding, activation)},
-                      input_shape, key)
+                                                        output_padding, activation, residual)},
+                      input_shape, key, probes(input_shape, plain, residual))
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
-                activation: str | None = None) -> Conv | None:
+                activation: str | None = None, residual: bool = False) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
-    ``bias``) and symmetric padding: a callable running it (then ``activation``) with the
-    :func:`best_conv` implementation, chosen on the first call for each input shape. ``None``
-    for other nodes."""
+    ``bias``) and symmetric padding: a callable running it (then adding the residual, then
+    ``activation``) with the :func:`best_conv` implementation, chosen on the first call for
+    each input shape. ``None`` for other nodes."""
     from ollie.graph.execute import _pad4, _pair
 
     if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
@@ -229,12 +274,12 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     opad = _pair(attrs.get("output_padding", 0))
     cache: dict[tuple[int, ...], Conv] = {}
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor, *residual_input: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape)
         fn = cache.get(shape)
         if fn is None:
             fn = cache[shape] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
-                                          activation)
-        return fn(x)
+                                          activation, residual)
+        return fn(x, *residual_input)
 
     return run

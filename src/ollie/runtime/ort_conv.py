@@ -22,17 +22,19 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
-Conv = Callable[[torch.Tensor], torch.Tensor]
+Conv = Callable[..., torch.Tensor]
 _ONNX_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 
 
 def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
              input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
              dilation: tuple[int, int], groups: int = 1,
-             output_padding: tuple[int, int] = (0, 0), activation: str | None = None
-             ) -> Conv | None:
+             output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
+             residual: bool = False) -> Conv | None:
     """``x -> f(op(x, weight, bias, ...))`` for ``op`` ``"Conv2d"`` / ``"ConvTranspose2d"``
-    on float32 NCHW inputs of ``input_shape``; ``None`` where ONNX Runtime cannot run it."""
+    on float32 NCHW inputs of ``input_shape`` (with ``residual``: ``(x, r) -> f(op(x, ...) +
+    r)``, an Add node ONNX Runtime fuses into the convolution); ``None`` where ONNX Runtime
+    cannot run it."""
     if op not in ("Conv2d", "ConvTranspose2d") or (activation and activation not in _ONNX_ACT):
         return None
     try:
@@ -57,14 +59,18 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         if b is not None:
             inits.append(numpy_helper.from_array(b.numpy(), "B"))
             names.append("B")
-        conv_out = "C" if activation else "Y"
+        conv_out = "C" if activation or residual else "Y"
         nodes = [helper.make_node("Conv" if op == "Conv2d" else "ConvTranspose", names,
                                   [conv_out], **attrs)]
+        inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(input_shape))]
+        if residual:
+            inputs.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, out_shape))
+            nodes.append(helper.make_node("Add", ["C", "Z"], ["S" if activation else "Y"]))
         if activation:
-            nodes.append(helper.make_node(_ONNX_ACT[activation], ["C"], ["Y"]))
+            nodes.append(helper.make_node(_ONNX_ACT[activation], ["S" if residual else "C"],
+                                          ["Y"]))
         graph = helper.make_graph(
-            nodes, "conv",
-            [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(input_shape))],
+            nodes, "conv", inputs,
             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
@@ -80,20 +86,21 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         log.info("no ONNX Runtime convolution for input %s: %s", list(input_shape), exc)
         return None
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        arr = x.detach().contiguous().numpy()
-        return torch.from_numpy(sess.run(None, {"X": arr})[0])
+    def run(x: torch.Tensor, *r: torch.Tensor) -> torch.Tensor:
+        feed = {"X": x.detach().contiguous().numpy()}
+        if r:
+            feed["Z"] = r[0].detach().contiguous().numpy()
+        return torch.from_numpy(sess.run(None, feed)[0])
 
-    from ollie.runtime.onednn import POST_OPS, _checked
+    from ollie.runtime.onednn import _checked, _post
 
-    post = POST_OPS[activation]
-    if op == "Conv2d":
-        ref = lambda x: post(F.conv2d(x, w, b, stride, padding, dilation, groups))  # noqa: E731
-    else:
-        ref = lambda x: post(F.conv_transpose2d(  # noqa: E731
-            x, w, b, stride, padding, output_padding, groups, dilation))
+    def conv(x: torch.Tensor) -> torch.Tensor:
+        if op == "Conv2d":
+            return F.conv2d(x, w, b, stride, padding, dilation, groups)
+        return F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)
+
     try:
-        return _checked(run, ref, input_shape)
+        return _checked(run, _post(activation, residual, conv), input_shape, residual)
     except Exception as exc:
         log.info("ONNX Runtime convolution failed for input %s: %s", list(input_shape), exc)
         return None
