@@ -155,7 +155,7 @@ def test_activation_eops_fold_into_the_convolutions_before_them():
 
 def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     from ollie.program.kernel import Kernel
-    from ollie.program.postprocess import activation_of, fuse_activations
+    from ollie.program.postprocess import activation_of, fuse_epilogues
     from ollie.program.program import Program
 
     expr = ollie.parse("A: [1, 4, 6, 6]\nK: [5, 4, 3, 3]\n"
@@ -175,7 +175,7 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     assert activation_of(make_eop(swapped.root, swapped.inputs, "Y"), conv.output) is None
     inputs = random_inputs(expr, seed=7)
     prog = Program((("A", (1, 4, 6, 6)),), ("Y",), [conv, act], {"K": inputs["K"]})
-    fused = fuse_activations(prog)
+    fused = fuse_epilogues(prog)
     assert [(k.kind, k.params.get("activation")) for k in fused.kernels] == [("Conv", "relu")]
     k = fused.kernels[0]
     want = np.maximum(ollie.interpret(expr, inputs), 0)
@@ -345,3 +345,65 @@ def test_residual_of_recognises_only_whole_tensor_additions():
     assert residual_of(eop("C[i, j] * R[i, j]"), "C") is None
     e = ollie.parse("C: [2, 3]\nR: [3, 2]\nL<i=0:2, j=0:3> C[i, j] + R[j, i]")
     assert residual_of(make_eop(e.root, e.inputs, "Y"), "C") is None
+
+
+def test_bias_and_residual_fold_into_a_conv_kernel_and_stay_exact():
+    """f(conv + bias[c] + r) after a Conv kernel with a constant weight becomes one kernel
+    (bias and residual inputs, activation); its expression is the fused one (checked with the
+    interpreter) and both runtime paths (library call with constants, plain conv2d without)
+    agree with it. A bias that is not a constant keeps the eOperator."""
+    from ollie.match.eop import make_eop
+    from ollie.program.postprocess import epilogue_of, fuse_epilogues
+    from ollie.program.program import Program
+
+    expr = ollie.parse("A: [2, 4, 6, 6]\nK: [5, 4, 3, 3]\n"
+                       "L<n=0:2, f=0:5, h=0:6, w=0:6> Sum<c=0:4, r=0:3, s=0:3> "
+                       "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
+    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    conv = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"]).kernels[0]
+    o = conv.output
+    epi = ollie.parse(f"{o}: [2, 5, 6, 6]\nB: [5]\nR: [2, 5, 6, 6]\n"
+                      f"L<a=0:2, b=0:5, c=0:6, d=0:6> relu(R[a, b, c, d] + {o}[a, b, c, d] + B[b])")
+    tail = make_eop(epi.root, epi.inputs, "Y")
+    assert epilogue_of(tail, o) == {"activation": "relu", "residual": "R", "bias": "B"}
+    inputs = random_inputs(expr, seed=9)
+    rng = np.random.default_rng(9)
+    bias = rng.standard_normal(5).astype(np.float32)
+    r = rng.standard_normal((2, 5, 6, 6)).astype(np.float32)
+    pre = ollie.interpret(expr, inputs)
+    want = np.maximum(pre + bias[None, :, None, None] + r, 0)
+    prog = Program((("A", (2, 4, 6, 6)), ("R", (2, 5, 6, 6))), ("Y",), [conv, tail],
+                   {"K": inputs["K"], "B": bias})
+    fused = fuse_epilogues(prog)
+    (k,) = fused.kernels
+    assert k.kind == "Conv" and k.params["bias"] and k.params["residual"]
+    assert k.params["activation"] == "relu" and k.inputs == (*conv.inputs, "B", "R")
+    env = {"A": inputs["A"], "K": inputs["K"], "B": bias, "R": r}
+    np.testing.assert_allclose(ollie.interpret(k.expr, env), want, rtol=1e-5, atol=1e-5)
+    got = CompiledProgram(fused).run({"A": inputs["A"], "R": r})["Y"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    plain = Program((("A", (2, 4, 6, 6)), ("K", (5, 4, 3, 3)), ("B", (5,)), ("R", r.shape)),
+                    ("Y",), [k], {})
+    got = CompiledProgram(plain).run(env)["Y"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    not_const = Program((("A", (2, 4, 6, 6)), ("R", r.shape), ("B", (5,))), ("Y",),
+                        [conv, tail], {"K": inputs["K"]})
+    assert len(fuse_epilogues(not_const).kernels) == 2
+
+
+def test_node_runner_chooses_per_memory_format_and_matches_both():
+    """The implementation is chosen on the first call for each (shape, memory format): a
+    channels-last input (a packed convolution's output) is timed as channels-last."""
+    torch.manual_seed(10)
+    wt, b = torch.randn(6, 4, 3, 3), torch.randn(6)
+    attrs = {"padding": [1, 1, 1, 1], "stride": [1, 1], "dilation": [1, 1], "groups": 1}
+    run = onednn.node_runner("Conv2d", attrs, wt, b, activation="relu")
+    x = torch.randn(2, 4, 7, 7)
+    want = torch.relu(F.conv2d(x, wt, b, padding=1))
+    before = set(onednn._CHOICES)
+    for xx in (x, x.contiguous(memory_format=torch.channels_last)):
+        torch.testing.assert_close(run(xx), want, rtol=1e-4, atol=1e-4)
+    new = [k for k in onednn._CHOICES if k not in before]
+    assert sorted(k[-1] for k in new) == [False, True]  # one choice per memory format
+    assert onednn.is_channels_last(x.contiguous(memory_format=torch.channels_last))
+    assert not onednn.is_channels_last(x) and not onednn.is_channels_last(x[:, :1, :1])

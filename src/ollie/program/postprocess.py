@@ -7,16 +7,16 @@
   merging wherever that is exact, else it stays a nested scope computed inside the one kernel.
   Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
   fuse the same way.
-* **Activation fusion into convolutions**: an eOperator that only applies ReLU, tanh or
-  sigmoid element-wise to the output of a convolution (a ``Conv`` kernel, or an original
-  ``Conv2d`` / ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads becomes
-  the convolution's ``activation`` parameter: oneDNN applies it as a post-op while the output
-  is still in cache (a ``Conv`` kernel's expression becomes ``f(conv)``, so it stays exact).
-* **Residual fusion into convolutions**: an eOperator computing ``f(conv + r)`` (a residual
-  connection, then maybe an activation) over the whole output of an original ``Conv2d`` kept
-  as a ``Node`` that nothing else reads becomes that node's ``residual`` input (and
-  ``activation``): one library call with oneDNN's binary add post-op instead of a convolution
-  and a memory-bound eOperator.
+* **Epilogue fusion into convolutions**: an eOperator computing ``f(conv + bias[c] + r)``
+  over the whole output of a convolution (a ``Conv`` kernel, or an original ``Conv2d`` /
+  ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads, every part but
+  ``conv`` optional (``f`` ReLU, tanh or sigmoid; ``bias`` a per-channel constant, a folded
+  BatchNorm; ``r`` a residual connection), folds into the convolution: one library call
+  (oneDNN's bias, binary-add and eltwise post-ops while the output is in cache; ONNX Runtime's
+  fused Conv+Add+activation) instead of a convolution and a memory-bound eOperator. A ``Conv``
+  kernel's expression becomes the fused one, so it stays exact; bias and residual need a
+  ``Conv`` kernel with a constant weight and symmetric padding (the library path), a node
+  takes a residual and an activation.
 * **Identity eOperator elimination**: an eOperator that only re-reads one tensor in the same
   flat order (a reshape, or a contiguous slice) becomes an ``Alias`` kernel: a zero-copy view.
 
@@ -26,6 +26,7 @@ Every pass keeps the program exact; :func:`postprocess` runs them to a fixpoint.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -112,7 +113,8 @@ FUSIBLE_NODES = ("Conv2d", "ConvTranspose2d")
 
 def _whole(k: Kernel, arg: object) -> str | None:
     """The tensor ``arg`` reads if it is an access to the whole of an input of eOperator
-    ``k`` in the output's own order (same shape, every index the matching iterator)."""
+    ``k`` in the output's own order (same shape, every index the matching iterator, or 0 for
+    an iterator of size 1)."""
     assert k.expr is not None
     root = k.expr.root
     if not isinstance(arg, Access) or not isinstance(arg.source, str):
@@ -121,58 +123,120 @@ def _whole(k: Kernel, arg: object) -> str | None:
     if shape is None or tuple(shape) != tuple(it.size for it in root.traversal) or \
             any(it.lo != 0 for it in root.traversal):
         return None
-    order = tuple(it.name for it in root.traversal)
-    if len(arg.indices) != len(order) or any(
-            not idx.is_linear or idx.const or idx.vars() != {n} or idx.coef(n) != 1
-            for idx, n in zip(arg.indices, order, strict=True)):
+    if len(arg.indices) != len(root.traversal):
+        return None
+    for idx, it in zip(arg.indices, root.traversal, strict=True):
+        if not idx.is_linear:
+            return None
+        if it.size == 1 and not idx.vars() and idx.const == 0:
+            continue
+        if idx.const or idx.vars() != {it.name} or idx.coef(it.name) != 1:
+            return None
+    return arg.source
+
+
+def _channel_bias(k: Kernel, arg: object) -> str | None:
+    """The tensor if ``arg`` reads a 1-D input of ``k`` by the output's channel (second)
+    iterator, over its whole range: a per-channel bias of an NCHW output."""
+    assert k.expr is not None
+    root = k.expr.root
+    if not isinstance(arg, Access) or not isinstance(arg.source, str) or \
+            len(root.traversal) != 4 or len(arg.indices) != 1:
+        return None
+    ch = root.traversal[1]
+    shape = dict(k.expr.decls).get(arg.source)
+    (idx,) = arg.indices
+    if shape is None or tuple(shape) != (ch.size,) or ch.lo != 0 or not idx.is_linear or \
+            idx.const or idx.vars() != {ch.name} or idx.coef(ch.name) != 1:
         return None
     return arg.source
+
+
+def _terms(node: object) -> list[object]:
+    if isinstance(node, BinOp) and node.op == "+":
+        return _terms(node.lhs) + _terms(node.rhs)
+    return [node]
+
+
+def epilogue_of(k: Kernel, source: str) -> dict[str, str] | None:
+    """What eOperator ``k`` does after ``source`` if it computes
+    ``f(source[i...] + bias[c] + r[i...])`` over the whole of ``source`` in its order, every
+    part but the first optional (``f`` in :data:`ACTIVATIONS`, ``bias`` a per-channel vector
+    of a 4-D output, ``r`` a whole tensor other than ``source``): a dict with the keys present
+    among ``activation``, ``bias``, ``residual`` (tensor names for the last two); else None
+    (also when it does nothing)."""
+    if k.kind != "eOp" or k.expr is None or source not in k.inputs:
+        return None
+    root = k.expr.root
+    body, found = root.body, {}
+    if root.summation:
+        return None
+    if isinstance(body, Call) and body.fn in ACTIVATIONS and len(body.args) == 1:
+        body, found["activation"] = body.args[0], body.fn
+    seen_source = False
+    for term in _terms(body):
+        whole, bias = _whole(k, term), _channel_bias(k, term)
+        if whole == source and not seen_source:
+            seen_source = True
+        elif whole is not None and whole != source and "residual" not in found:
+            found["residual"] = whole
+        elif bias is not None and bias != source and "bias" not in found:
+            found["bias"] = bias
+        else:
+            return None
+    if not seen_source or not found:
+        return None
+    return found
 
 
 def activation_of(k: Kernel, source: str) -> str | None:
     """The function if ``k`` is an eOperator computing ``f(source[i...])`` over the whole of
     ``source`` in its own order (``f`` in :data:`ACTIVATIONS`), else None."""
-    if k.kind != "eOp" or k.expr is None or k.inputs != (source,):
-        return None
-    root = k.expr.root
-    body = root.body
-    if root.summation or not isinstance(body, Call) or body.fn not in ACTIVATIONS:
-        return None
-    (arg,) = body.args
-    return body.fn if _whole(k, arg) == source else None
+    found = epilogue_of(k, source)
+    return found["activation"] if found is not None and set(found) == {"activation"} else None
 
 
 def residual_of(k: Kernel, source: str) -> tuple[str, str | None] | None:
     """``(other, f)`` if ``k`` is an eOperator computing ``f(source[i...] + other[i...])``
     (either operand order; ``f`` in :data:`ACTIVATIONS` or ``None``: no function) over the
     whole of both tensors in the output's order, ``other`` a different tensor; else None."""
-    if k.kind != "eOp" or k.expr is None or len(k.inputs) != 2 or source not in k.inputs:
+    found = epilogue_of(k, source)
+    if found is None or "residual" not in found or "bias" in found:
         return None
-    root = k.expr.root
-    body, fn = root.body, None
-    if isinstance(body, Call) and body.fn in ACTIVATIONS and len(body.args) == 1:
-        body, fn = body.args[0], body.fn
-    if root.summation or not isinstance(body, BinOp) or body.op != "+":
-        return None
-    reads = (_whole(k, body.lhs), _whole(k, body.rhs))
-    other = reads[1] if reads[0] == source else reads[0] if reads[1] == source else None
-    if other is None or other == source:
-        return None
-    return other, fn
+    return found["residual"], found.get("activation")
 
 
-def _fusible_producer(k: Kernel) -> bool:
-    if "activation" in k.params or "residual" in k.params:
+def _symmetric(p: Kernel) -> bool:
+    q = p.params
+    return q.get("ph") == q.get("ph_end", q.get("ph")) and \
+        q.get("pw") == q.get("pw_end", q.get("pw"))
+
+
+def _accepts(p: Kernel, epilogue: dict[str, str], constants: Mapping[str, object]) -> bool:
+    """Whether convolution kernel ``p`` can take ``epilogue``: an activation always; a bias
+    (a constant) and a residual only on a ``Conv`` kernel with symmetric padding and a
+    constant weight (one library call with a bias and a binary-add post-op), or (the
+    residual) on an original convolution node."""
+    if "activation" in p.params or "residual" in p.params or "bias" in p.params:
         return False
-    if k.kind == "Conv":
+    if p.kind == "Node":
+        node = p.params.get("node")
+        return p.params.get("op") in FUSIBLE_NODES and \
+            len(getattr(node, "outputs", ())) == 1 and "bias" not in epilogue
+    if p.kind != "Conv":
+        return False
+    if set(epilogue) == {"activation"}:
         return True
-    node = k.params.get("node")
-    return k.kind == "Node" and k.params.get("op") in FUSIBLE_NODES and \
-        len(getattr(node, "outputs", ())) == 1
+    return _symmetric(p) and p.inputs[1] in constants and \
+        epilogue.get("bias", p.inputs[1]) in constants
 
 
-def fuse_activations(prog: Program) -> Program:
-    """Fold activation eOperators into the convolution before them (see the module doc)."""
+def fuse_epilogues(prog: Program) -> Program:
+    """Fold what an eOperator does after a convolution into it (see the module doc): ``f(conv
+    + bias[c] + r)`` becomes the convolution's ``bias`` / ``residual`` inputs (in that order,
+    after its own) and ``activation`` parameter, run by the library in one call. The fused
+    kernel takes the eOperator's place in the program (``r`` is computed by then); a ``Conv``
+    kernel's expression becomes the fused one, so it stays exact."""
     kernels = list(prog.kernels)
     readers: dict[str, list[int]] = {}
     for i, k in enumerate(kernels):
@@ -181,56 +245,27 @@ def fuse_activations(prog: Program) -> Program:
     drop: set[int] = set()
     for i, p in enumerate(kernels):
         users = readers.get(p.output, [])
-        if not _fusible_producer(p) or p.output in prog.outputs or len(users) != 1:
+        if p.kind not in ("Conv", "Node") or p.output in prog.outputs or len(users) != 1 or \
+                users[0] in drop or i in drop:
             continue
         c = kernels[users[0]]
-        fn = activation_of(c, p.output)
-        if fn is None:
+        epilogue = epilogue_of(c, p.output)
+        if epilogue is None or not _accepts(p, epilogue, prog.constants) or \
+                tuple(c.output_shape) != tuple(p.output_shape):
             continue
+        params = dict(p.params)
+        inputs = list(p.inputs)
+        for key in ("bias", "residual"):
+            if key in epilogue:
+                params[key] = True
+                inputs.append(epilogue[key])
+        if "activation" in epilogue:
+            params["activation"] = epilogue["activation"]
         expr = p.expr
         if expr is not None:
             expr = inline_nested(expression_fusion(c.expr, p.output, expr))
-        kernels[i] = Kernel(p.kind, {**p.params, "activation": fn}, p.inputs, c.output, expr,
-                            p.views, c.output_shape if p.kind == "Node" else p.shape)
-        drop.add(users[0])
-    if not drop:
-        return prog
-    kept = [k for j, k in enumerate(kernels) if j not in drop]
-    return Program(prog.inputs, prog.outputs, kept, prog.constants)
-
-
-RESIDUAL_NODES = ("Conv2d",)
-"""Graph convolutions a following residual addition folds into."""
-
-
-def fuse_residuals(prog: Program) -> Program:
-    """Fold ``f(conv + r)`` eOperators (a residual connection, then maybe an activation) into
-    the original convolution node before them when nothing else reads its output: the node
-    gets ``residual`` (its last input is ``r``) and ``activation`` parameters and runs as one
-    library call (oneDNN's binary add post-op, or ONNX Runtime's fused Conv+Add). The fused
-    kernel takes the eOperator's place in the program (``r`` is computed by then)."""
-    kernels = list(prog.kernels)
-    readers: dict[str, list[int]] = {}
-    for i, k in enumerate(kernels):
-        for n in set(k.inputs):
-            readers.setdefault(n, []).append(i)
-    drop: set[int] = set()
-    for i, p in enumerate(kernels):
-        users = readers.get(p.output, [])
-        if not _fusible_producer(p) or p.kind != "Node" or \
-                p.params.get("op") not in RESIDUAL_NODES or p.output in prog.outputs or \
-                len(users) != 1 or users[0] in drop:
-            continue
-        c = kernels[users[0]]
-        found = residual_of(c, p.output)
-        if found is None:
-            continue
-        other, fn = found
-        params = {**p.params, "residual": True}
-        if fn is not None:
-            params["activation"] = fn
-        kernels[users[0]] = Kernel("Node", params, (*p.inputs, other), c.output, None, p.views,
-                                   c.output_shape)
+        kernels[users[0]] = Kernel(p.kind, params, tuple(inputs), c.output, expr, p.views,
+                                   c.output_shape if p.kind == "Node" else p.shape)
         drop.add(i)
     if not drop:
         return prog
@@ -299,8 +334,7 @@ def postprocess(prog: Program) -> Program:
     into convolutions, eliminate identities, fold again."""
     prog = fold_constants(prog)
     prog = fuse_eops(prog)
-    prog = fuse_residuals(prog)
-    prog = fuse_activations(prog)
+    prog = fuse_epilogues(prog)
     prog = eliminate_identities(prog)
     prog = fold_constants(prog)
     prog.check()

@@ -42,7 +42,9 @@ OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
     implementation (:func:`ollie.runtime.onednn.best_conv`: the weight packed for oneDNN once,
-    here, plain torch or ONNX Runtime), with ``alpha`` folded into the weight."""
+    here, plain torch or ONNX Runtime), with ``alpha`` folded into the weight. A fused
+    epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
+    then applies ``activation``."""
     p = k.params
     symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
     stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
@@ -50,15 +52,33 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     alpha = float(p.get("alpha", 1.0))
     act = p.get("activation")
     post = POST_OPS[str(act)] if act else None
+    bias_at = 2 if p.get("bias") else None
+    skip = k.inputs[-1] if p.get("residual") else None
     if symmetric and constants is not None and k.inputs[1] in constants and \
-            k.inputs[0] not in constants:
+            k.inputs[0] not in constants and (bias_at is None or k.inputs[2] in constants):
         from ollie.runtime import onednn
 
         w = library._input(k, 1, constants)
+        w = w * alpha if alpha != 1.0 else w
+        bias = None if bias_at is None else constants[k.inputs[bias_at]].reshape(-1)
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
-        conv = onednn.best_conv("Conv2d", w * alpha if alpha != 1.0 else w, None, shape,
-                                stride, pad, dil, activation=str(act) if act else None)
-        return lambda env, out: conv(library._input(k, 0, env))
+        chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
+
+        def run_library(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            x = library._input(k, 0, env)
+            fmt = onednn.is_channels_last(x)
+            conv = chosen.get(fmt)
+            if conv is None:
+                conv = chosen[fmt] = onednn.best_conv(
+                    "Conv2d", w, bias, shape, stride, pad, dil,
+                    activation=str(act) if act else None, residual=skip is not None,
+                    channels_last=fmt)
+            return conv(x) if skip is None else conv(x, env[skip])
+
+        return run_library
+    if (bias_at is not None or skip is not None) and not symmetric:
+        raise UnsupportedError(f"Conv kernel -> {k.output}: a fused bias / residual needs "
+                               "symmetric padding")
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         if not symmetric:
@@ -68,6 +88,10 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
             x, w = library._input(k, 0, env), library._input(k, 1, env)
             y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
             y = y if alpha == 1.0 else y.mul_(alpha)
+            if bias_at is not None:
+                y = y.add_(env[k.inputs[bias_at]].reshape(1, -1, 1, 1))
+            if skip is not None:
+                y = y.add_(env[skip].reshape(y.shape))
         return y if post is None else post(y)
 
     return run

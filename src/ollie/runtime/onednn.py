@@ -54,15 +54,18 @@ def available() -> bool:
             and hasattr(torch._C._nn, "mkldnn_reorder_conv2d_weight"))
 
 
-def probes(input_shape: tuple[int, ...], ref: Conv, residual: bool) -> tuple[torch.Tensor, ...]:
+def probes(input_shape: tuple[int, ...], ref: Conv, residual: bool,
+           channels_last: bool = False) -> tuple[torch.Tensor, ...]:
     """Random arguments for a convolution ``ref`` of inputs of ``input_shape``: ``(x,)``, or
-    ``(x, r)`` with a residual ``r`` of the output's shape."""
-    x = torch.randn(input_shape)
+    ``(x, r)`` with a residual ``r`` of the output's shape; channels-last tensors if asked."""
+    fmt = torch.channels_last if channels_last and len(input_shape) == 4 else \
+        torch.contiguous_format
+    x = torch.randn(input_shape).contiguous(memory_format=fmt)
     if not residual:
         return (x,)
     with torch.inference_mode():
         shape = ref(x, torch.zeros(())).shape
-    return x, torch.randn(shape)
+    return x, torch.randn(shape).contiguous(memory_format=fmt)
 
 
 def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
@@ -97,6 +100,12 @@ def _post(activation: str | None, residual: bool, conv: Conv) -> Conv:
         return y if activation is None else post(y)
 
     return run
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a channels-last 4-D tensor (and not also NCHW-contiguous)."""
+    return x.dim() == 4 and not x.is_contiguous() and \
+        x.is_contiguous(memory_format=torch.channels_last)
 
 
 def _usable(weight: torch.Tensor) -> bool:
@@ -180,12 +189,15 @@ _CHOICES: dict[tuple, str] = {}
 def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
             key: tuple | None = None, args: tuple[torch.Tensor, ...] | None = None) -> Conv:
     """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
-    ``input_shape`` (or on ``args``), timed alternately for a few rounds; the choice is
-    remembered per ``key``.
+    ``input_shape`` (or on ``args``), timed alternately for a few rounds with cold caches
+    (:func:`ollie.tune.measure.evict_caches` before each call: in a program, a convolution's
+    weight and input are rarely still cached, and an implementation that re-lays out the
+    weight on every call looks faster warm than it runs); the choice is remembered per
+    ``key``.
     Packing removes oneDNN's per-call weight reorder, but for some shapes the primitive for the
     packed layout, or another library's kernel, is faster: the choice is measured, like a cuDNN
     benchmark-mode algorithm choice."""
-    from ollie.tune.measure import measure_alternating
+    from ollie.tune.measure import evict_caches, measure_alternating
 
     usable = {n: f for n, f in impls.items() if f is not None}
     if not usable:
@@ -196,7 +208,7 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
         return usable[_CHOICES[key]]
     probe = args if args is not None else (torch.randn(input_shape),)
     times = measure_alternating({n: (lambda f=f: f(*probe)) for n, f in usable.items()},
-                                rounds=5, warmup=1, max_seconds=3.0, min_sample=1e-3)
+                                rounds=7, warmup=1, max_seconds=3.0, prepare=evict_caches)
     name = min(times, key=times.__getitem__)
     log.debug("convolution %s: %s (%s)", list(input_shape), name,
               ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
@@ -223,11 +235,13 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
               dilation: tuple[int, int], groups: int = 1,
               output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
-              residual: bool = False) -> Conv:
+              residual: bool = False, channels_last: bool = False) -> Conv:
     """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
     with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
     weight packed, plain torch and ONNX Runtime, measured once per configuration
-    (:func:`fastest_of`)."""
+    (:func:`fastest_of`) on inputs in the memory format they will have (``channels_last``:
+    the output of a packed oneDNN convolution is; an implementation that needs NCHW pays for
+    the conversion in its time)."""
     from ollie.runtime.ort_conv import ort_conv
 
     def conv(x: torch.Tensor) -> torch.Tensor:
@@ -246,12 +260,12 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                                        dilation, bias, groups, activation, residual)
 
     key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
-           output_padding, activation, bias is None, residual)
+           output_padding, activation, bias is None, residual, channels_last)
     return fastest_of({"oneDNN packed": packed, "torch": lambda: plain,
                        "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride,
                                                         padding, dilation, groups,
                                                         output_padding, activation, residual)},
-                      input_shape, key, probes(input_shape, plain, residual))
+                      input_shape, key, probes(input_shape, plain, residual, channels_last))
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -259,7 +273,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
     ``bias``) and symmetric padding: a callable running it (then adding the residual, then
     ``activation``) with the :func:`best_conv` implementation, chosen on the first call for
-    each input shape. ``None`` for other nodes."""
+    each input shape and memory format. ``None`` for other nodes."""
     from ollie.graph.execute import _pad4, _pair
 
     if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
@@ -272,14 +286,15 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     st, dil = _pair(attrs.get("stride", 1)), _pair(attrs.get("dilation", 1))
     groups = int(attrs.get("groups", 1))
     opad = _pair(attrs.get("output_padding", 0))
-    cache: dict[tuple[int, ...], Conv] = {}
+    cache: dict[tuple[tuple[int, ...], bool], Conv] = {}
 
     def run(x: torch.Tensor, *residual_input: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape)
-        fn = cache.get(shape)
+        key = (shape, is_channels_last(x))
+        fn = cache.get(key)
         if fn is None:
-            fn = cache[shape] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
-                                          activation, residual)
+            fn = cache[key] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
+                                        activation, residual, key[1])
         return fn(x, *residual_input)
 
     return run

@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 
@@ -43,8 +44,8 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
 
 def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
                         rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
-                        min_sample: float = 0.0, shuffle: bool = True, seed: int = 0
-                        ) -> dict[str, float]:
+                        min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
+                        prepare: Callable[[], object] | None = None) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -55,7 +56,10 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     A sample of a function faster than ``min_sample`` seconds times that many back-to-back
     calls (the count estimated from the warm-up) and divides, so that timer and scheduling
     jitter do not dominate microsecond operators. At least 3 rounds run; later rounds stop
-    once ``max_seconds`` have passed."""
+    once ``max_seconds`` have passed.
+
+    ``prepare``: called before every sample, outside the timed region (e.g.
+    :func:`evict_caches`, for cold-cache times); each sample is then one call."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
         for name, fn in fns.items():
@@ -64,7 +68,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 fn()
             _sync(device)
             per = (time.perf_counter() - t) / max(warmup, 1)
-            inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 else 1
+            inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 and \
+                prepare is None else 1
         times: dict[str, list[float]] = {name: [] for name in fns}
         rng = random.Random(seed)
         order = list(fns)
@@ -74,6 +79,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 rng.shuffle(order)
             for name in order:
                 fn, n = fns[name], inner[name]
+                if prepare is not None:
+                    prepare()
                 t = time.perf_counter()
                 for _ in range(n):
                     fn()
@@ -82,3 +89,32 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
             if r >= 2 and time.perf_counter() - start > max_seconds:
                 break
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _llc_bytes() -> int:
+    """The largest CPU cache's size (Linux sysfs), 32 MiB when unknown."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return max(sizes, default=32 << 20)
+
+
+_SCRATCH: list[np.ndarray] = []
+
+
+def evict_caches() -> None:
+    """Write a scratch buffer of 1.5x the largest CPU cache, so that what a function reads
+    next comes from memory, as a kernel's weights do in a program whose weights exceed the
+    cache (every kernel runs once between two uses of its weights)."""
+    if not _SCRATCH:
+        _SCRATCH.append(np.empty(int(1.5 * _llc_bytes()) // 4, dtype=np.float32))
+    _SCRATCH[0].fill(1.0)  # numpy: no inference-mode restrictions
