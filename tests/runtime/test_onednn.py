@@ -327,6 +327,7 @@ def test_residual_blocks_fold_their_add_and_relu_into_the_second_convolution():
              for k in prog.program.kernels]
     assert kinds == [("Node", "relu", False), ("Node", "relu", True)]
     assert prog.program.kernels[1].inputs[-1] == prog.program.inputs[0][0]
+    assert any("1 residual epilogue(s) folded" in n for n in prog.notes), prog.notes
     ref = CompiledProgram(prog.program, backend="reference")
     torch.testing.assert_close(ref(x), want, rtol=1e-4, atol=1e-5)
 
@@ -362,32 +363,34 @@ def test_bias_and_residual_fold_into_a_conv_kernel_and_stay_exact():
     res = ollie.derive(expr, max_depth=0, time_budget=20)
     conv = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"]).kernels[0]
     o = conv.output
-    epi = ollie.parse(f"{o}: [2, 5, 6, 6]\nB: [5]\nR: [2, 5, 6, 6]\n"
-                      f"L<a=0:2, b=0:5, c=0:6, d=0:6> relu(R[a, b, c, d] + {o}[a, b, c, d] + B[b])")
+    epi = ollie.parse(f"{o}: [2, 5, 6, 6]\nB: [5]\nR: [2, 5, 6, 6]\nB2: [5]\n"
+                      f"L<a=0:2, b=0:5, c=0:6, d=0:6> "
+                      f"relu(R[a, b, c, d] + {o}[a, b, c, d] + B[b] + B2[b])")
     tail = make_eop(epi.root, epi.inputs, "Y")
-    assert epilogue_of(tail, o) == {"activation": "relu", "residual": "R", "bias": "B"}
+    assert epilogue_of(tail, o) == {"activation": "relu", "residual": "R", "bias": ["B", "B2"]}
     inputs = random_inputs(expr, seed=9)
     rng = np.random.default_rng(9)
-    bias = rng.standard_normal(5).astype(np.float32)
+    bias, bias2 = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5)
+    bias2 = bias2.astype(np.float32)
     r = rng.standard_normal((2, 5, 6, 6)).astype(np.float32)
     pre = ollie.interpret(expr, inputs)
-    want = np.maximum(pre + bias[None, :, None, None] + r, 0)
+    want = np.maximum(pre + (bias + bias2)[None, :, None, None] + r, 0)
     prog = Program((("A", (2, 4, 6, 6)), ("R", (2, 5, 6, 6))), ("Y",), [conv, tail],
-                   {"K": inputs["K"], "B": bias})
+                   {"K": inputs["K"], "B": bias, "B2": bias2})
     fused = fuse_epilogues(prog)
     (k,) = fused.kernels
-    assert k.kind == "Conv" and k.params["bias"] and k.params["residual"]
-    assert k.params["activation"] == "relu" and k.inputs == (*conv.inputs, "B", "R")
-    env = {"A": inputs["A"], "K": inputs["K"], "B": bias, "R": r}
+    assert k.kind == "Conv" and k.params["bias"] == 2 and k.params["residual"]
+    assert k.params["activation"] == "relu" and k.inputs == (*conv.inputs, "B", "B2", "R")
+    env = {"A": inputs["A"], "K": inputs["K"], "B": bias, "B2": bias2, "R": r}
     np.testing.assert_allclose(ollie.interpret(k.expr, env), want, rtol=1e-5, atol=1e-5)
     got = CompiledProgram(fused).run({"A": inputs["A"], "R": r})["Y"].numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    plain = Program((("A", (2, 4, 6, 6)), ("K", (5, 4, 3, 3)), ("B", (5,)), ("R", r.shape)),
-                    ("Y",), [k], {})
+    plain = Program((("A", (2, 4, 6, 6)), ("K", (5, 4, 3, 3)), ("B", (5,)), ("B2", (5,)),
+                     ("R", r.shape)), ("Y",), [k], {})
     got = CompiledProgram(plain).run(env)["Y"].numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     not_const = Program((("A", (2, 4, 6, 6)), ("R", r.shape), ("B", (5,))), ("Y",),
-                        [conv, tail], {"K": inputs["K"]})
+                        [conv, tail], {"K": inputs["K"], "B2": bias2})
     assert len(fuse_epilogues(not_const).kernels) == 2
 
 
@@ -407,3 +410,40 @@ def test_node_runner_chooses_per_memory_format_and_matches_both():
     assert sorted(k[-1] for k in new) == [False, True]  # one choice per memory format
     assert onednn.is_channels_last(x.contiguous(memory_format=torch.channels_last))
     assert not onednn.is_channels_last(x) and not onednn.is_channels_last(x[:, :1, :1])
+
+
+def test_identity_views_keep_a_channels_last_input_as_it_is():
+    """A library kernel reading its input through a view that only re-states the tensor's
+    own shape gets the tensor itself (no NCHW copy of a channels-last convolution output);
+    other views still read the logical element order."""
+    from ollie.program.kernel import Kernel, View
+    from ollie.runtime.library import _input
+
+    e = ollie.parse("A: [1, 4, 3, 3]\nL<n=0:1, c=0:4, h=0:3, w=0:3> A[n, c, h, w]")
+    x = torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+    ident = View(0, (1, 4, 3, 3), (0, 9, 3, 1))
+    k = Kernel("Conv", {}, ("A",), "Y", e, (ident,))
+    assert _input(k, 0, {"A": x}) is x
+    flip = View(0, (1, 4, 3, 3), (0, 9, 1, 3))  # transposed spatial dims
+    k2 = Kernel("Conv", {}, ("A",), "Y", e, (flip,))
+    torch.testing.assert_close(_input(k2, 0, {"A": x}), x.transpose(2, 3))
+
+
+def test_selection_feeds_convolution_outputs_channels_last():
+    """The model optimiser measures a subprogram whose input a convolution produces (through
+    ReLU / Add / MaxPool) with that input channels-last, as the program will run it."""
+    from torch import nn
+
+    from ollie.optimizer.model import _channels_last_tensors, to_graph
+    from ollie.optimizer.select import as_input
+
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 1),
+                      nn.Flatten(), nn.Linear(4 * 9, 2)).eval()
+    g = to_graph(m, (torch.randn(1, 3, 8, 8),))
+    cl = _channels_last_tensors(g)
+    convs = [n for n in g.nodes if n.op == "Conv2d"]
+    assert convs[0].inputs[0] not in cl and convs[1].inputs[0] in cl
+    assert all(len(g.shape(n)) == 4 for n in cl)
+    t = as_input(np.zeros((1, 4, 3, 3), np.float32), "cpu", True)
+    assert onednn.is_channels_last(t)
+    assert as_input(np.zeros((2, 3), np.float32), "cpu", True).is_contiguous()

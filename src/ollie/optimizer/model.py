@@ -35,8 +35,9 @@ from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node, run_graph
 from ollie.ir import Expr
 from ollie.optimizer.rename import rename_expr, rename_kernels
-from ollie.optimizer.select import select
+from ollie.optimizer.select import as_input, select
 from ollie.program.kernel import Kernel
+from ollie.program.postprocess import describe as describe_postprocess
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
@@ -46,6 +47,11 @@ from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
 COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
+CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
+"""Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN)."""
+PASS_LAYOUT_OPS = ("Relu", "Tanh", "Sigmoid", "Add", "MaxPool2d")
+"""Operators whose output keeps the memory format of a channels-last input: fused into the
+convolution before them (activations, residual additions) or run by torch (max pooling)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,7 @@ class _Optimizer:
         self.constants: dict[str, np.ndarray] = {
             n: np.asarray(v, dtype=np.float32) for n, v in graph.initializers.items()}
         self.rng = np.random.default_rng(config.seed)
+        self.channels_last = _channels_last_tensors(graph) if config.device == "cpu" else set()
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -238,10 +245,12 @@ class _Optimizer:
         expr, names = canonical_names(low.expr)
         weights = {canon: self.constants[orig] for orig, canon in names.items()
                    if orig in self.constants}
-        key = fingerprint(expr)
+        cl = frozenset(canon for orig, canon in names.items()
+                       if orig in self.channels_last and orig not in self.constants)
+        key = fingerprint(expr) + (f"|cl:{','.join(sorted(cl))}" if cl else "")
         reused = key in self.memo
         if not reused:
-            self.memo[key] = self.search(node, expr, weights)
+            self.memo[key] = self.search(node, expr, weights, cl)
         out = self.memo[key]
         self.report.append(SubprogramReport(node.name, node.op, node.op, out.label,
                                             out.derivation, out.original_s * 1e3,
@@ -252,29 +261,35 @@ class _Optimizer:
         return rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
                               prefix=node.name)
 
-    def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray]) -> _Outcome:
-        """The decision for a subprogram: from the decision cache, or by search + selection."""
+    def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
+               channels_last: frozenset[str] = frozenset()) -> _Outcome:
+        """The decision for a subprogram: from the decision cache, or by search + selection
+        (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
+        layout = f"|cl:{','.join(sorted(channels_last))}" if channels_last else ""
         key = (f"decision|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
-               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}")
+               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}{layout}")
         if self.cache is not None:
             doc = self.cache.get_decision(key)
             if doc is not None:
                 return _Outcome.from_json(doc)
-        out = self._search(node, expr, weights)
+        out = self._search(node, expr, weights, channels_last)
         if self.cache is not None:
             self.cache.put_decision(key, out.to_json())
         return out
 
-    def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray]) -> _Outcome:
+    def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
+                channels_last: frozenset[str]) -> _Outcome:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
             res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
-            sel = select(expr, res.candidates, self.original(node, expr, inputs, weights),
-                         inputs, weights, cfg.device, self.cache, limit=cfg.max_candidates)
+            sel = select(expr, res.candidates,
+                         self.original(node, expr, inputs, weights, channels_last),
+                         inputs, weights, cfg.device, self.cache, limit=cfg.max_candidates,
+                         channels_last=channels_last)
         best = sel.best
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
@@ -285,7 +300,8 @@ class _Optimizer:
                         cand.derivation, sel.baseline.seconds, best.seconds, ncand)
 
     def original(self, node: Node, expr: Expr, inputs: Mapping[str, np.ndarray],
-                 weights: Mapping[str, np.ndarray]) -> Callable[[], object]:
+                 weights: Mapping[str, np.ndarray],
+                 channels_last: frozenset[str] = frozenset()) -> Callable[[], object]:
         """The original operator as the optimised program would run it if kept (a ``Node``
         kernel of the executor, weights as constants: a convolution's weight packed once),
         on ``inputs``: the baseline every candidate must beat."""
@@ -297,7 +313,8 @@ class _Optimizer:
                        (canon.outputs[0],), [kernel],
                        {n: np.asarray(v, np.float32) for n, v in weights.items()})
         compiled = CompiledProgram(prog, self.config.device)
-        feed = {n: torch.tensor(inputs[n], device=self.config.device) for n, _ in prog.inputs}
+        feed = {n: as_input(inputs[n], self.config.device, n in channels_last)
+                for n, _ in prog.inputs}
         return lambda: compiled.run(feed)
 
     def note(self, text: str) -> None:
@@ -343,6 +360,18 @@ def memory_guard(fraction: float = 0.4) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _channels_last_tensors(graph: Graph) -> set[str]:
+    """4-D tensors that will likely be channels-last when the optimised program runs on the
+    CPU: outputs of convolutions (oneDNN's packed convolutions write channels-last), and of
+    the operators that keep a channels-last input's format (:data:`PASS_LAYOUT_OPS`)."""
+    found: set[str] = set()
+    for node in graph.nodes:
+        if node.op in CHANNELS_LAST_OPS or (
+                node.op in PASS_LAYOUT_OPS and any(n in found for n in node.inputs)):
+            found.update(o for o in node.outputs if len(graph.shape(o)) == 4)
+    return found
+
+
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
     """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
     identical subprograms fingerprint alike), and the renaming."""
@@ -361,7 +390,7 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     opt = _Optimizer(graph, cfg, progress)
     raw = opt.run()
     prog = postprocess(raw)
-    notes = list(opt.notes)
+    notes = [*opt.notes, describe_postprocess(raw, prog)]
     prog = _checked(graph, prog, raw, cfg, notes)
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, opt.report, notes, tuple(graph.input_names), device)

@@ -87,13 +87,24 @@ def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
     return ok, float(err.max() / max(float(np.abs(want).max()), 1e-30)) if err.size else 0.0
 
 
+def as_input(value: np.ndarray, device: str, channels_last: bool = False) -> torch.Tensor:
+    """``value`` as a tensor on ``device``; a 4-D one channels-last if asked."""
+    t = torch.as_tensor(value, device=device)
+    return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 \
+        else t
+
+
 def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], object],
            inputs: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray] | None = None,
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
            samples: int = 512, margin: float = MARGIN, rounds: int = 15,
-           max_seconds: float = 20.0) -> Selection:
+           max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset()
+           ) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
-    ``inputs``) and up to ``limit`` verified candidates; keep the fastest.
+    ``inputs``) and up to ``limit`` verified candidates; keep the fastest. Inputs named in
+    ``channels_last`` are fed to the candidates as channels-last tensors, the memory format
+    they will have in the program (a convolution's output): a candidate that must first
+    convert them pays for it (the caller feeds ``baseline`` the same way).
 
     All of them are timed together, in interleaved rounds (original, candidate 1, candidate 2,
     ..., original, ...; median per program), so that load on the machine affects them alike:
@@ -105,9 +116,10 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
-    base_key = f"baseline|{shapes}|{dev}|{_expr_key(expr)}"
+    layout = f"|cl:{','.join(sorted(channels_last))}" if channels_last else ""
+    base_key = f"baseline|{shapes}|{dev}|{_expr_key(expr)}{layout}"
     reference = reference_sample(expr, inputs, samples)
-    feed = {n: torch.as_tensor(v, device=device) for n, v in inputs.items()
+    feed = {n: as_input(v, device, n in channels_last) for n, v in inputs.items()
             if n not in constants}
     rejected: list[str] = []
     verified: list[tuple[str, Program, Candidate, Callable[[], object]]] = []
@@ -124,7 +136,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
                       err, cand.summary())
             rejected.append(f"{cand.summary()}: error {err:.3g}")
             continue
-        key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}"
+        key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}{layout}"
         if any(key == k for k, *_ in verified):
             continue  # the same program reached by another derivation
         compiled = CompiledProgram(prog, device)

@@ -158,17 +158,17 @@ def _terms(node: object) -> list[object]:
     return [node]
 
 
-def epilogue_of(k: Kernel, source: str) -> dict[str, str] | None:
+def epilogue_of(k: Kernel, source: str) -> dict[str, object] | None:
     """What eOperator ``k`` does after ``source`` if it computes
-    ``f(source[i...] + bias[c] + r[i...])`` over the whole of ``source`` in its order, every
-    part but the first optional (``f`` in :data:`ACTIVATIONS`, ``bias`` a per-channel vector
-    of a 4-D output, ``r`` a whole tensor other than ``source``): a dict with the keys present
-    among ``activation``, ``bias``, ``residual`` (tensor names for the last two); else None
-    (also when it does nothing)."""
+    ``f(source[i...] + bias[c] + ... + r[i...])`` over the whole of ``source`` in its order,
+    every part but the first optional (``f`` in :data:`ACTIVATIONS`, ``bias`` per-channel
+    vectors of a 4-D output, ``r`` one whole tensor other than ``source``): a dict with the
+    keys present among ``activation``, ``bias`` (a list of tensor names), ``residual`` (a
+    tensor name); else None (also when it does nothing)."""
     if k.kind != "eOp" or k.expr is None or source not in k.inputs:
         return None
     root = k.expr.root
-    body, found = root.body, {}
+    body, found = root.body, {}  # type: ignore[var-annotated]
     if root.summation:
         return None
     if isinstance(body, Call) and body.fn in ACTIVATIONS and len(body.args) == 1:
@@ -180,8 +180,8 @@ def epilogue_of(k: Kernel, source: str) -> dict[str, str] | None:
             seen_source = True
         elif whole is not None and whole != source and "residual" not in found:
             found["residual"] = whole
-        elif bias is not None and bias != source and "bias" not in found:
-            found["bias"] = bias
+        elif bias is not None and bias != source:
+            found.setdefault("bias", []).append(bias)
         else:
             return None
     if not seen_source or not found:
@@ -193,7 +193,9 @@ def activation_of(k: Kernel, source: str) -> str | None:
     """The function if ``k`` is an eOperator computing ``f(source[i...])`` over the whole of
     ``source`` in its own order (``f`` in :data:`ACTIVATIONS`), else None."""
     found = epilogue_of(k, source)
-    return found["activation"] if found is not None and set(found) == {"activation"} else None
+    if found is None or set(found) != {"activation"}:
+        return None
+    return str(found["activation"])
 
 
 def residual_of(k: Kernel, source: str) -> tuple[str, str | None] | None:
@@ -203,7 +205,8 @@ def residual_of(k: Kernel, source: str) -> tuple[str, str | None] | None:
     found = epilogue_of(k, source)
     if found is None or "residual" not in found or "bias" in found:
         return None
-    return found["residual"], found.get("activation")
+    act = found.get("activation")
+    return str(found["residual"]), None if act is None else str(act)
 
 
 def _symmetric(p: Kernel) -> bool:
@@ -212,7 +215,8 @@ def _symmetric(p: Kernel) -> bool:
         q.get("pw") == q.get("pw_end", q.get("pw"))
 
 
-def _accepts(p: Kernel, epilogue: dict[str, str], constants: Mapping[str, object]) -> bool:
+def _accepts(p: Kernel, epilogue: dict[str, object], constants: Mapping[str, object]
+             ) -> bool:
     """Whether convolution kernel ``p`` can take ``epilogue``: an activation always; a bias
     (a constant) and a residual only on a ``Conv`` kernel with symmetric padding and a
     constant weight (one library call with a bias and a binary-add post-op), or (the
@@ -227,17 +231,20 @@ def _accepts(p: Kernel, epilogue: dict[str, str], constants: Mapping[str, object
         return False
     if set(epilogue) == {"activation"}:
         return True
+    biases = epilogue.get("bias", [])
     return _symmetric(p) and p.inputs[1] in constants and \
-        epilogue.get("bias", p.inputs[1]) in constants
+        all(b in constants for b in biases)  # type: ignore[attr-defined]
 
 
 def fuse_epilogues(prog: Program) -> Program:
     """Fold what an eOperator does after a convolution into it (see the module doc): ``f(conv
     + bias[c] + r)`` becomes the convolution's ``bias`` / ``residual`` inputs (in that order,
-    after its own) and ``activation`` parameter, run by the library in one call. The fused
-    kernel takes the eOperator's place in the program (``r`` is computed by then); a ``Conv``
-    kernel's expression becomes the fused one, so it stays exact."""
+    after its own; ``bias`` is the number of bias inputs, which the runtime sums once) and
+    ``activation`` parameter, run by the library in one call. The fused kernel takes the
+    eOperator's place in the program (``r`` is computed by then); a ``Conv`` kernel's
+    expression becomes the fused one, so it stays exact."""
     kernels = list(prog.kernels)
+    constants = prog.constants
     readers: dict[str, list[int]] = {}
     for i, k in enumerate(kernels):
         for n in set(k.inputs):
@@ -250,15 +257,18 @@ def fuse_epilogues(prog: Program) -> Program:
             continue
         c = kernels[users[0]]
         epilogue = epilogue_of(c, p.output)
-        if epilogue is None or not _accepts(p, epilogue, prog.constants) or \
+        if epilogue is None or not _accepts(p, epilogue, constants) or \
                 tuple(c.output_shape) != tuple(p.output_shape):
             continue
         params = dict(p.params)
         inputs = list(p.inputs)
-        for key in ("bias", "residual"):
-            if key in epilogue:
-                params[key] = True
-                inputs.append(epilogue[key])
+        biases = list(epilogue.get("bias", []))  # type: ignore[call-overload]
+        if biases:
+            params["bias"] = len(biases)  # the runtime sums them once, when it is built
+            inputs += biases
+        if "residual" in epilogue:
+            params["residual"] = True
+            inputs.append(str(epilogue["residual"]))
         if "activation" in epilogue:
             params["activation"] = epilogue["activation"]
         expr = p.expr
@@ -339,3 +349,19 @@ def postprocess(prog: Program) -> Program:
     prog = fold_constants(prog)
     prog.check()
     return prog
+
+
+def describe(before: Program, after: Program) -> str:
+    """One line saying what :func:`postprocess` changed (for an optimisation report)."""
+    def count(prog: Program, key: str) -> int:
+        return sum(1 for k in prog.kernels if k.kind in ("Conv", "Node") and k.params.get(key))
+
+    fused = {key: count(after, key) - count(before, key)
+             for key in ("activation", "bias", "residual")}
+    parts = [f"{len(before.kernels)} -> {len(after.kernels)} kernels"]
+    parts += [f"{n} {key} epilogue(s) folded into convolutions" for key, n in fused.items() if n]
+    aliases = sum(k.kind == "Alias" for k in after.kernels) - \
+        sum(k.kind == "Alias" for k in before.kernels)
+    if aliases:
+        parts.append(f"{aliases} identity eOperator(s) made views")
+    return "post-processing: " + ", ".join(parts)

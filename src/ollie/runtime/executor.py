@@ -52,15 +52,15 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     alpha = float(p.get("alpha", 1.0))
     act = p.get("activation")
     post = POST_OPS[str(act)] if act else None
-    bias_at = 2 if p.get("bias") else None
+    biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
     skip = k.inputs[-1] if p.get("residual") else None
     if symmetric and constants is not None and k.inputs[1] in constants and \
-            k.inputs[0] not in constants and (bias_at is None or k.inputs[2] in constants):
+            k.inputs[0] not in constants and all(b in constants for b in biases):
         from ollie.runtime import onednn
 
         w = library._input(k, 1, constants)
         w = w * alpha if alpha != 1.0 else w
-        bias = None if bias_at is None else constants[k.inputs[bias_at]].reshape(-1)
+        bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
         chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
 
@@ -76,7 +76,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
             return conv(x) if skip is None else conv(x, env[skip])
 
         return run_library
-    if (bias_at is not None or skip is not None) and not symmetric:
+    if (biases or skip is not None) and not symmetric:
         raise UnsupportedError(f"Conv kernel -> {k.output}: a fused bias / residual needs "
                                "symmetric padding")
 
@@ -88,8 +88,8 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
             x, w = library._input(k, 0, env), library._input(k, 1, env)
             y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
             y = y if alpha == 1.0 else y.mul_(alpha)
-            if bias_at is not None:
-                y = y.add_(env[k.inputs[bias_at]].reshape(1, -1, 1, 1))
+            for b in biases:
+                y = y.add_(env[b].reshape(1, -1, 1, 1))
             if skip is not None:
                 y = y.add_(env[skip].reshape(y.shape))
         return y if post is None else post(y)
@@ -346,7 +346,11 @@ class CompiledProgram:
             if tuple(t.shape) != tuple(shape):
                 raise ShapeError(f"input '{name}' has shape {list(t.shape)}, expected "
                                  f"{list(shape)}")
-            env[name] = t.contiguous()
+            # a channels-last input (a convolution's output, in a selection measurement) is
+            # kept so: every kernel reads it correctly, library convolutions without a copy
+            env[name] = t if t.is_contiguous() or (
+                t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) \
+                else t.contiguous()
         pool: dict[int, list[torch.Tensor]] = {}
         for k, fn, pooled, cached, release in zip(self.program.kernels, self.fns, self.pooled,
                                                   self.cached, self.release, strict=True):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ollie.errors import ShapeError, UnsupportedError
-from ollie.program.kernel import Kernel
+from ollie.program.kernel import Kernel, View
 from ollie.runtime import band
 
 
@@ -45,8 +45,26 @@ def _input(kernel: Kernel, i: int, tensors: Mapping[str, torch.Tensor]) -> torch
     view = kernel.views[i] if i < len(kernel.views) else None
     if view is None:
         return t
+    if _flat_identity(view, t.numel()) and tuple(t.shape) == tuple(view.sizes) and \
+            (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
+        # the view reads the tensor as it is: keep its memory format (a channels-last
+        # convolution output stays channels-last instead of being transposed into NCHW)
+        return t
     flat = t.contiguous().reshape(-1)
     return torch.as_strided(flat, view.sizes, view.strides, view.offset)
+
+
+def _flat_identity(view: View, numel: int) -> bool:
+    """Whether ``view`` reads every element of a ``numel``-element tensor in its flat order
+    (offset 0, row-major strides; a size-1 dimension's stride does not matter)."""
+    if view.offset != 0 or int(np.prod(view.sizes)) != numel:
+        return False
+    expect = 1
+    for size, stride in zip(reversed(view.sizes), reversed(view.strides), strict=True):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
 
 
 def window(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
