@@ -430,20 +430,49 @@ def test_identity_views_keep_a_channels_last_input_as_it_is():
 
 
 def test_selection_feeds_convolution_outputs_channels_last():
-    """The model optimiser measures a subprogram whose input a convolution produces (through
-    ReLU / Add / MaxPool) with that input channels-last, as the program will run it."""
+    """The model optimiser measures a subprogram whose input a kept convolution produces
+    (through ReLU / Add / MaxPool) with that input channels-last, as the program will run
+    it; the model's own input, and non-4-D tensors, stay as they are."""
     from torch import nn
 
-    from ollie.optimizer.model import _channels_last_tensors, to_graph
+    from ollie.optimizer.model import OptimizeConfig, _Optimizer, to_graph
     from ollie.optimizer.select import as_input
 
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 1),
                       nn.Flatten(), nn.Linear(4 * 9, 2)).eval()
     g = to_graph(m, (torch.randn(1, 3, 8, 8),))
-    cl = _channels_last_tensors(g)
+    opt = _Optimizer(g, OptimizeConfig(max_depth=0, max_candidates=0, use_cache=False,
+                                       time_budget=2.0), None)
+    opt.run()
     convs = [n for n in g.nodes if n.op == "Conv2d"]
-    assert convs[0].inputs[0] not in cl and convs[1].inputs[0] in cl
-    assert all(len(g.shape(n)) == 4 for n in cl)
+    assert convs[0].inputs[0] not in opt.channels_last
+    assert convs[1].inputs[0] in opt.channels_last
+    assert all(len(g.shape(n)) == 4 for n in opt.channels_last)
     t = as_input(np.zeros((1, 4, 3, 3), np.float32), "cpu", True)
     assert onednn.is_channels_last(t)
     assert as_input(np.zeros((2, 3), np.float32), "cpu", True).is_contiguous()
+
+
+@pytest.mark.parametrize("fn", ["tanh", "sigmoid"])
+def test_transcendental_activation_after_an_eop_runs_in_torch(fn):
+    """tanh / sigmoid after an eOperator become its ``activation`` parameter (torch applies it
+    in place after the generated code) instead of being fused into the loop nest; the kernel's
+    expression stays f(inner) and the program matches it."""
+    from ollie.match.eop import make_eop
+    from ollie.program.postprocess import fuse_eops
+    from ollie.program.program import Program
+
+    shift = ollie.parse("A: [3, 8]\nL<i=0:3, j=0:8> A[i, j - 1] + A[i, j + 1]")
+    p = make_eop(shift.root, shift.inputs, "P")
+    act = ollie.parse(f"P: [3, 8]\nL<i=0:3, j=0:8> {fn}(P[i, j])")
+    c = make_eop(act.root, act.inputs, "Y")
+    prog = fuse_eops(Program((("A", (3, 8)),), ("Y",), [p, c], {}))
+    (k,) = prog.kernels
+    assert k.kind == "eOp" and k.params["activation"] == fn
+    a = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    ref = ollie.interpret(shift, {"A": a})
+    want = np.tanh(ref) if fn == "tanh" else 1 / (1 + np.exp(-ref))
+    np.testing.assert_allclose(ollie.interpret(k.expr, {"A": a}), want, rtol=1e-5, atol=1e-6)
+    for backend in ("cpu", "reference"):
+        got = CompiledProgram(prog, backend=backend).run({"A": a})["Y"].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

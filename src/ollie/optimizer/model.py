@@ -48,7 +48,8 @@ from ollie.tune.cache import CostCache, device_key
 log = logging.getLogger(__name__)
 COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
 CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
-"""Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN)."""
+"""Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN), when kept
+or run as a library ``Conv`` kernel."""
 PASS_LAYOUT_OPS = ("Relu", "Tanh", "Sigmoid", "Add", "MaxPool2d")
 """Operators whose output keeps the memory format of a channels-last input: fused into the
 convolution before them (activations, residual additions) or run by torch (max pooling)."""
@@ -195,7 +196,8 @@ class _Optimizer:
         self.constants: dict[str, np.ndarray] = {
             n: np.asarray(v, dtype=np.float32) for n, v in graph.initializers.items()}
         self.rng = np.random.default_rng(config.seed)
-        self.channels_last = _channels_last_tensors(graph) if config.device == "cpu" else set()
+        self.channels_last: set[str] = set()
+        """4-D tensors the program will likely hold channels-last (:meth:`track_layout`)."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -205,14 +207,33 @@ class _Optimizer:
             if node.op in COMPUTE_OPS:
                 if self.progress:
                     self.progress(node.name, done, total)
-                kernels += self.compute_node(node)
+                chosen = self.compute_node(node)
                 done += 1
             else:
-                kernels += self.other_node(node)
+                chosen = self.other_node(node)
+            kernels += chosen
+            self.track_layout(node, chosen)
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
         return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
+
+    def track_layout(self, node: Node, chosen: list[Kernel]) -> None:
+        """Record whether ``node``'s output will likely be channels-last when the program runs
+        on the CPU, given the kernels chosen for it: a convolution kept as it is or run as a
+        library ``Conv`` kernel (oneDNN's packed convolutions write channels-last), or an
+        operator of :data:`PASS_LAYOUT_OPS` reading such a tensor. Later subprograms reading
+        it are measured with it channels-last."""
+        out = node.outputs[0]
+        if self.config.device != "cpu" or len(self.graph.shape(out)) != 4 or not chosen:
+            return
+        if node.op in CHANNELS_LAST_OPS:
+            likely = chosen[-1].kind in ("Node", "Conv")
+        else:
+            likely = node.op in PASS_LAYOUT_OPS and \
+                any(n in self.channels_last for n in node.inputs)
+        if likely:
+            self.channels_last.add(out)
 
     def node_kernel(self, node: Node) -> list[Kernel]:
         """The node run as it is, by the reference executor."""
@@ -358,18 +379,6 @@ def memory_guard(fraction: float = 0.4) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def _channels_last_tensors(graph: Graph) -> set[str]:
-    """4-D tensors that will likely be channels-last when the optimised program runs on the
-    CPU: outputs of convolutions (oneDNN's packed convolutions write channels-last), and of
-    the operators that keep a channels-last input's format (:data:`PASS_LAYOUT_OPS`)."""
-    found: set[str] = set()
-    for node in graph.nodes:
-        if node.op in CHANNELS_LAST_OPS or (
-                node.op in PASS_LAYOUT_OPS and any(n in found for n in node.inputs)):
-            found.update(o for o in node.outputs if len(graph.shape(o)) == 4)
-    return found
 
 
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:

@@ -95,7 +95,17 @@ def fuse_eops(prog: Program) -> Program:
             c = kernels[users[0]]
             if c.kind != "eOp":
                 continue
+            fn = activation_of(c, p.output)
             fused = inline_nested(expression_fusion(c.expr, p.output, p.expr))
+            if fn in TORCH_ACTIVATIONS and "activation" not in p.params:
+                # f(p) with f run by torch on p's output, in place (vectorised), not inside
+                # the generated loop nest (numba's scalar tanh costs ~10x the whole kernel)
+                new = make_eop(fused.root, dict(fused.decls), c.output)
+                kernels[users[0]] = Kernel("eOp", {**new.params, "activation": fn},
+                                           new.inputs, c.output, new.expr, ())
+                del kernels[i]
+                changed = True
+                break
             inputs = tuple(n for n, _ in fused.decls if _reads(fused.root, n))
             fused = Expr(tuple((n, s) for n, s in fused.decls if n in inputs), fused.root)
             new = make_eop(fused.root, fused.inputs, c.output)
@@ -108,6 +118,9 @@ def fuse_eops(prog: Program) -> Program:
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 """Element-wise functions a convolution kernel can apply to its output (oneDNN post-ops)."""
+TORCH_ACTIVATIONS = ("tanh", "sigmoid")
+"""Activations an eOperator applies with torch after its generated loop nest (``activation``
+parameter) instead of fusing them into it: transcendental, scalar and slow in numba."""
 FUSIBLE_NODES = ("Conv2d", "ConvTranspose2d")
 
 

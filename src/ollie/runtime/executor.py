@@ -114,6 +114,14 @@ def _matmul_fn(k: Kernel) -> KernelFn:
 
 
 def _eop_fn(k: Kernel, backend: str) -> KernelFn:
+    """Generated code for the eOperator; one with an ``activation`` parameter (tanh, sigmoid:
+    post-processing) runs the code for its argument, then the torch function in place."""
+    act = k.params.get("activation")
+    if act:
+        inner = _eop_fn(k.without_activation(), backend)
+        apply = {"tanh": torch.Tensor.tanh_, "sigmoid": torch.Tensor.sigmoid_,
+                 "relu": torch.Tensor.relu_}[str(act)]
+        return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
 
     fn = compile_eop(k.expr, backend=backend)
