@@ -6,7 +6,9 @@
   it by expression fusion (the chain rule); the producer's scope is then inlined by traversal
   merging wherever that is exact, else it stays a nested scope computed inside the one kernel.
   Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
-  fuse the same way.
+  fuse the same way; only a following tanh / sigmoid becomes the eOperator's ``activation``
+  parameter instead (torch applies it in place after the generated code: numba's scalar
+  ``tanh`` made DCGAN's last eOperator 3x slower).
 * **Epilogue fusion into convolutions**: an eOperator computing ``f(conv + bias[c] + r)``
   over the whole output of a convolution (a ``Conv`` kernel, or an original ``Conv2d`` /
   ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads, every part but
