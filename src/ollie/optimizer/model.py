@@ -35,7 +35,7 @@ from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node, run_graph
 from ollie.ir import Expr
 from ollie.optimizer.rename import rename_expr, rename_kernels
-from ollie.optimizer.select import as_input, select
+from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
 from ollie.program.postprocess import describe as describe_postprocess
 from ollie.program.postprocess import postprocess
@@ -268,7 +268,7 @@ class _Optimizer:
                    if orig in self.constants}
         cl = frozenset(canon for orig, canon in names.items()
                        if orig in self.channels_last and orig not in self.constants)
-        key = fingerprint(expr) + (f"|cl:{','.join(sorted(cl))}" if cl else "")
+        key = fingerprint(expr) + layout_key(cl)
         reused = key in self.memo
         if not reused:
             self.memo[key] = self.search(node, expr, weights, cl)
@@ -287,9 +287,9 @@ class _Optimizer:
         """The decision for a subprogram: from the decision cache, or by search + selection
         (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
-        layout = f"|cl:{','.join(sorted(channels_last))}" if channels_last else ""
         key = (f"decision|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
-               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}{layout}")
+               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
+               f"{layout_key(channels_last)}")
         if self.cache is not None:
             doc = self.cache.get_decision(key)
             if doc is not None:

@@ -87,6 +87,11 @@ def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
     return ok, float(err.max() / max(float(np.abs(want).max()), 1e-30)) if err.size else 0.0
 
 
+def layout_key(channels_last: frozenset[str]) -> str:
+    """The part of a cache key naming the inputs measured channels-last ("" for none)."""
+    return f"|cl:{','.join(sorted(channels_last))}" if channels_last else ""
+
+
 def as_input(value: np.ndarray, device: str, channels_last: bool = False) -> torch.Tensor:
     """``value`` as a tensor on ``device``; a 4-D one channels-last if asked."""
     t = torch.as_tensor(value, device=device)
@@ -116,7 +121,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
-    layout = f"|cl:{','.join(sorted(channels_last))}" if channels_last else ""
+    layout = layout_key(channels_last)
     base_key = f"baseline|{shapes}|{dev}|{_expr_key(expr)}{layout}"
     reference = reference_sample(expr, inputs, samples)
     feed = {n: as_input(v, device, n in channels_last) for n, v in inputs.items()

@@ -101,7 +101,8 @@ def fuse_eops(prog: Program) -> Program:
             fused = inline_nested(expression_fusion(c.expr, p.output, p.expr))
             if fn in TORCH_ACTIVATIONS and "activation" not in p.params:
                 # f(p) with f run by torch on p's output, in place (vectorised), not inside
-                # the generated loop nest (numba's scalar tanh costs ~10x the whole kernel)
+                # the generated loop nest (numba's scalar tanh took DCGAN b16's last eOp from
+                # 1.3 to 3.9 ms)
                 new = make_eop(fused.root, dict(fused.decls), c.output)
                 kernels[users[0]] = Kernel("eOp", {**new.params, "activation": fn},
                                            new.inputs, c.output, new.expr, ())

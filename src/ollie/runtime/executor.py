@@ -31,7 +31,7 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import library
 from ollie.runtime.buffers import BufferCache
-from ollie.runtime.onednn import POST_OPS
+from ollie.runtime.onednn import POST_OPS, dense
 
 log = logging.getLogger(__name__)
 Env = dict[str, torch.Tensor]
@@ -356,9 +356,7 @@ class CompiledProgram:
                                  f"{list(shape)}")
             # a channels-last input (a convolution's output, in a selection measurement) is
             # kept so: every kernel reads it correctly, library convolutions without a copy
-            env[name] = t if t.is_contiguous() or (
-                t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) \
-                else t.contiguous()
+            env[name] = dense(t)
         pool: dict[int, list[torch.Tensor]] = {}
         for k, fn, pooled, cached, release in zip(self.program.kernels, self.fns, self.pooled,
                                                   self.cached, self.release, strict=True):

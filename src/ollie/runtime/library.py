@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.program.kernel import Kernel, View
 from ollie.runtime import band
+from ollie.runtime.onednn import dense
 
 
 def _as_tensor(x: object) -> torch.Tensor:
@@ -46,7 +47,7 @@ def _input(kernel: Kernel, i: int, tensors: Mapping[str, torch.Tensor]) -> torch
     if view is None:
         return t
     if _flat_identity(view, t.numel()) and tuple(t.shape) == tuple(view.sizes) and \
-            (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
+            dense(t) is t:
         # the view reads the tensor as it is: keep its memory format (a channels-last
         # convolution output stays channels-last instead of being transposed into NCHW)
         return t

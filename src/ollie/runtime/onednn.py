@@ -82,7 +82,7 @@ def _checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
     return run
 
 
-def _dense(x: torch.Tensor) -> torch.Tensor:
+def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` if it is dense NCHW or channels-last (both are oneDNN inputs), else a copy."""
     if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
         return x
@@ -137,11 +137,11 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
             binary = op.binary
 
             def run(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-                return binary(_dense(x), _dense(r), packed, b, pad, st, dil, groups, "add",
+                return binary(dense(x), dense(r), packed, b, pad, st, dil, groups, "add",
                               None, activation, [], "")
         else:
             def run(x: torch.Tensor) -> torch.Tensor:
-                return op(_dense(x), packed, b, pad, st, dil, groups, attr, [], "")
+                return op(dense(x), packed, b, pad, st, dil, groups, attr, [], "")
 
         ref = _post(activation, residual, lambda x: F.conv2d(x, w, b, st, pad, dil, groups))
         return _checked(run, ref, input_shape, residual)
@@ -170,7 +170,7 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         op = torch.ops.mkldnn._convolution_transpose_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(_dense(x), packed, b, pad, opad, st, dil, groups, attr, [], "")
+            return op(dense(x), packed, b, pad, opad, st, dil, groups, attr, [], "")
 
         post = POST_OPS[activation]
         return _checked(
@@ -187,9 +187,11 @@ _CHOICES: dict[tuple, str] = {}
 
 
 def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
-            key: tuple | None = None, args: tuple[torch.Tensor, ...] | None = None) -> Conv:
+            key: tuple | None = None,
+            make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> Conv:
     """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
-    ``input_shape`` (or on ``args``), timed alternately for a few rounds with cold caches
+    ``input_shape`` (or on the arguments ``make_args()`` returns, built only when timing is
+    needed), timed alternately for a few rounds with cold caches
     (:func:`ollie.tune.measure.evict_caches` before each call: in a program, a convolution's
     weight and input are rarely still cached, and an implementation that re-lays out the
     weight on every call looks faster warm than it runs); the choice is remembered per
@@ -206,7 +208,7 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
         return next(iter(usable.values()))
     if key is not None and _CHOICES.get(key) in usable:
         return usable[_CHOICES[key]]
-    probe = args if args is not None else (torch.randn(input_shape),)
+    probe = make_args() if make_args is not None else (torch.randn(input_shape),)
     times = measure_alternating({n: (lambda f=f: f(*probe)) for n, f in usable.items()},
                                 rounds=7, warmup=1, max_seconds=3.0, prepare=evict_caches)
     name = min(times, key=times.__getitem__)
@@ -218,7 +220,8 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
 
 
 def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tuple[int, ...],
-               key: tuple, args: tuple[torch.Tensor, ...] | None = None) -> Conv:
+               key: tuple, make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None
+               ) -> Conv:
     """:func:`fastest` over implementations built by ``builders`` (each returns a callable or
     None); once a choice is remembered for ``key`` only the chosen one is built (building an
     implementation packs a weight or creates an ONNX Runtime session)."""
@@ -228,7 +231,7 @@ def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tupl
         if impl is not None:
             return impl
     return fastest({name: build() for name, build in builders.items()}, input_shape, key,
-                   args)
+                   make_args)
 
 
 def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -265,7 +268,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                        "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride,
                                                         padding, dilation, groups,
                                                         output_padding, activation, residual)},
-                      input_shape, key, probes(input_shape, plain, residual, channels_last))
+                      input_shape, key,
+                      lambda: probes(input_shape, plain, residual, channels_last))
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
