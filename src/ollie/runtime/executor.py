@@ -123,6 +123,7 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
                  "relu": torch.Tensor.relu_}[str(act)]
         return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
+    from ollie.codegen.layout import dense_permutation, permute_inputs
 
     fn = compile_eop(k.expr, backend=backend)
     names = k.inputs
@@ -132,17 +133,29 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
         # program's shapes were checked when it was built)
         order = fn.input_names
         shape = tuple(k.output_shape)
+        variants: dict[tuple, Callable] = {(None,) * len(order): run_flat}
 
         def run_cpu(env: Env, out: torch.Tensor | None) -> torch.Tensor:
-            flat = []
+            flat, perms = [], []
             for n in order:
                 t = env[n]
+                perm = None
                 if not t.is_contiguous():
-                    t = t.contiguous()
+                    # a permutation of a dense array (a channels-last conv output) is read in
+                    # place by a kernel for the permuted declaration (ollie.codegen.layout)
+                    perm = dense_permutation(t.shape, t.stride())
+                    t = t.contiguous() if perm is None else t.permute(perm)
+                perms.append(perm)
                 flat.append(t.detach().numpy().reshape(-1))
+            key = tuple(perms)
+            run = variants.get(key)
+            if run is None:
+                rewritten = permute_inputs(k.expr, {n: p for n, p in zip(order, perms,
+                                                                         strict=True) if p})
+                run = variants[key] = compile_eop(rewritten, backend=backend).run_flat
             if out is None or not out.is_contiguous():
                 out = torch.empty(shape)
-            run_flat(flat, out.numpy().reshape(-1))
+            run(flat, out.numpy().reshape(-1))
             return out
 
         return run_cpu
