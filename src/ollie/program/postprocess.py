@@ -53,7 +53,9 @@ def fold_constants(prog: Program, backend: str = "reference") -> Program:
     for k in prog.kernels:
         if k.kind != "Node" and k.inputs and all(n in constants for n in k.inputs) and \
                 k.output not in prog.outputs:
-            env = {n: torch.as_tensor(constants[n]) for n in k.inputs}
+            # (a read-only constant, e.g. a loaded program's, is copied: torch warns on it)
+            env = {n: torch.as_tensor(c if c.flags.writeable else c.copy())
+                   for n in k.inputs for c in (np.asarray(constants[n]),)}
             out = compile_kernel(k, backend)(env, None)
             constants[k.output] = np.ascontiguousarray(out.detach().cpu().numpy(),
                                                        dtype=np.float32)
