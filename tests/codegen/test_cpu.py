@@ -244,7 +244,14 @@ def test_padded_offset_add_has_unchecked_interior():
     assert not re.search(r"\bif\b|>= 0|< \d", interior), interior
     assert "range(0, 3)" in interior  # the summation loops keep their constant ranges
     boundary = _loop_body(src, "# boundary")
-    assert "max(" in boundary  # clamped summation loops at the boundary
+    # 3-value summation loops keep their constant ranges at the boundary too, with checked
+    # reads instead of run-time clamped bounds
+    assert "range(0, 3)" in boundary and ">= 0" in boundary and "max(" not in boundary
+    # a long summation is clamped at the boundary (no masked trips over out-of-range taps)
+    long_src = generate_source(ollie.parse("A: [64]\nL<i=0:64> Sum<k=0:17> A[i + k - 8]"))
+    long_boundary = _loop_body(long_src, "# boundary")
+    assert "max(" in long_boundary and "range(0, 17)" not in long_boundary
+    check("A: [64]\nL<i=0:64> Sum<k=0:17> A[i + k - 8]")
 
 
 def test_disk_cache_is_reused_by_a_new_process(tmp_path):
