@@ -9,7 +9,6 @@ generated code (interior loop without bounds checks) and the on-disk cache.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -29,18 +28,6 @@ from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Scope, neg
 from ollie.semantics import random_inputs
 from ollie.semantics.check import _compare_arrays
 from ollie.testing.strategies import exprs, index_exprs, iters, scopes
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    """Generated kernels go to a fresh directory (not the user's cache)."""
-    old = os.environ.get("OLLIE_CACHE_DIR")
-    os.environ["OLLIE_CACHE_DIR"] = str(tmp_path_factory.mktemp("ollie_cache"))
-    yield
-    if old is None:
-        del os.environ["OLLIE_CACHE_DIR"]
-    else:
-        os.environ["OLLIE_CACHE_DIR"] = old
 
 
 def check(expr: Expr | str, inputs=None, seed: int = 0) -> np.ndarray:

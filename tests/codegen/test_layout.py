@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,17 +15,6 @@ from ollie.program.program import Program
 from ollie.runtime.executor import CompiledProgram
 from ollie.semantics import random_inputs
 from ollie.testing.strategies import exprs
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("OLLIE_CACHE_DIR")
-    os.environ["OLLIE_CACHE_DIR"] = str(tmp_path_factory.mktemp("ollie_cache"))
-    yield
-    if old is None:
-        del os.environ["OLLIE_CACHE_DIR"]
-    else:
-        os.environ["OLLIE_CACHE_DIR"] = old
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,0 +1,20 @@
+"""Shared fixture of the code generator tests: generated kernels go to a fresh directory per
+test module, not the user's cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory):
+    """``OLLIE_CACHE_DIR`` set to a fresh directory for the module, restored afterwards."""
+    old = os.environ.get("OLLIE_CACHE_DIR")
+    os.environ["OLLIE_CACHE_DIR"] = str(tmp_path_factory.mktemp("ollie_cache"))
+    yield
+    if old is None:
+        del os.environ["OLLIE_CACHE_DIR"]
+    else:
+        os.environ["OLLIE_CACHE_DIR"] = old
