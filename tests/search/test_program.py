@@ -150,3 +150,15 @@ def test_measure_alternating_shuffles_the_order_of_each_round():
     rounds = [tuple(order[i:i + 4]) for i in range(0, len(order), 4)]
     assert len(rounds) == 8 and all(sorted(r) == list("abcd") for r in rounds)
     assert len(set(rounds)) > 1  # not the same order every round
+
+
+def test_measure_alternating_lead_calls_run_untimed_before_each_sample():
+    """``lead_calls``: that many untimed calls of the same function directly before each of its
+    samples (steady-state timing), after ``prepare``."""
+    from ollie.tune.measure import measure_alternating
+
+    log: list[str] = []
+    measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+                        rounds=2, warmup=1, shuffle=False, lead_calls=2,
+                        prepare=lambda: log.append("p"))
+    assert log == ["a", "b"] + ["p", "a", "a", "a", "p", "b", "b", "b"] * 2

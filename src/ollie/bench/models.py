@@ -3,7 +3,9 @@
 Per model and batch, in one process: build the module (``ollie.zoo.get``), optimise it with
 ``ollie.optimize`` (``budget`` seconds of search per distinct subprogram, a fresh persistent
 cache so the first optimisation is cold) and check its output against the module (relative
-error < 1e-3), then time alternately (``measure_alternating``, interleaved rounds):
+error < 1e-3), then time alternately (``measure_alternating``, interleaved rounds; each sample
+is one untimed call followed by at least 20 ms of back-to-back calls, so every system is timed
+in its steady state, as a model served in a loop runs):
 
 * PyTorch eager under ``torch.inference_mode``;
 * ``torch.compile`` with frozen weights (``torch._inductor.config.freezing = True``) as users
@@ -214,7 +216,11 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             notes.append(f"{peer} relative error {e:.1e}")
 
     row["loadavg"] = loadavg()
-    times = measure_alternating(fns, "cpu", rounds=15, max_seconds=60.0)
+    # steady state: a sample is one untimed call then >= 20 ms of back-to-back calls, so that
+    # each system runs as when serving in a loop, not from the thread / cache state the
+    # previously timed system left behind (see measure_alternating's lead_calls)
+    times = measure_alternating(fns, "cpu", rounds=15, max_seconds=60.0, min_sample=0.02,
+                                lead_calls=1)
     row["loadavg_after"] = loadavg()
     if max(row["loadavg"], row["loadavg_after"]) > LOAD_WARN:
         notes.append(f"machine busy while timing (load average {row['loadavg']:.1f} -> "
@@ -286,7 +292,9 @@ def markdown(rows: list[dict], info: dict) -> str:
               "Conv/ConvTranspose/MatMul/Gemm/G2BMM/GBMM operators from their shapes, bytes = "
               "weights + input + output + intermediates of compute and opaque operators "
               "written and read once (element-wise operators fused). Times are medians of "
-              "interleaved rounds in one process."]
+              "interleaved rounds in one process; a sample is one untimed call, then at least "
+              "20 ms of back-to-back calls (steady state: each system's threads and caches as "
+              "its own previous call left them)."]
     return "\n".join(lines) + "\n"
 
 
