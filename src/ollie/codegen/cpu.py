@@ -8,7 +8,10 @@ interval of the innermost traversal loop, clamped summation loops, how the leadi
 fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the Python source
 (``@njit(parallel=True, fastmath=False, cache=True)`` functions with explicit signatures, so
 they are compiled, or loaded from numba's cache, when the module is imported);
-:mod:`~ollie.codegen.cache` stores it on disk by fingerprint and imports it.
+:mod:`~ollie.codegen.cache` stores it on disk by fingerprint and imports it. A single affine
+read summed through a unimodular index map also has a *scatter* form
+(:mod:`~ollie.codegen.scatter`: loop over the input, add into the output);
+:func:`choose_source` times both forms once and the faster one is stored.
 
 Numerics. Reads are float32; the body is evaluated and summed in the accumulator type: float32
 when the scope sums fewer than :data:`~ollie.codegen.analysis.FLOAT64_TERMS` (4096) terms, or
@@ -30,16 +33,18 @@ import os
 import tempfile
 import threading
 import time
+from math import prod
 from pathlib import Path
 
 import numpy as np
 
-from ollie.codegen.analysis import NestInfo, analyse
-from ollie.codegen.cache import decls_key, default_cache_dir, full_key, load_module
+from ollie.codegen.analysis import FLOAT64_TERMS, NestInfo, analyse
+from ollie.codegen.cache import decls_key, default_cache_dir, full_key, load_module, load_path
 from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
 from ollie.codegen.plan import Plan, make_plan
 from ollie.codegen.residue import split_residues
+from ollie.codegen.scatter import emit_scatter_module, scatter_form
 from ollie.fingerprint import canonical_form, fingerprint
 from ollie.ir import Expr, format_expr, parse
 
@@ -53,6 +58,9 @@ The workqueue layer is not thread-safe, so kernel calls are serialised by :data:
 (each call already uses every core)."""
 
 _RUN_LOCK = threading.Lock()
+
+CHOICE_ROUNDS = 15
+"""Timed rounds when :func:`choose_source` picks between the gather and scatter forms."""
 
 _KERNELS: dict[tuple[Expr, str], CpuKernel] = {}
 
@@ -99,13 +107,51 @@ def _configure_numba() -> None:
         numba.config.THREADING_LAYER = THREADING_LAYER
 
 
-def generate_source(expr: Expr, canonical: str | None = None) -> str:
-    """The generated module text for ``expr`` (no caching, no import)."""
-    plan = split_residues(make_plan(expr))
-    infos = analyse_plan(plan)
+def generate_source(expr: Expr, canonical: str | None = None, form: str = "gather") -> str:
+    """The generated module text for ``expr`` (no caching, no import). ``form``: ``"gather"``
+    (loop nests over the output, any expression) or ``"scatter"`` (over the input, see
+    :mod:`ollie.codegen.scatter`; ValueError when ``expr`` has no scatter form)."""
     header = {"text": format_expr(expr),
               "CANONICAL": canonical if canonical is not None else canonical_form(expr)}
+    if form == "scatter":
+        sf = scatter_form(expr, FLOAT64_TERMS)
+        if sf is None or not sf.parallel_levels():
+            raise ValueError(f"no parallel scatter form for {format_expr(expr)}")
+        return emit_scatter_module(sf, header)
+    if form != "gather":
+        raise ValueError(f"unknown kernel form {form!r} (gather or scatter)")
+    plan = split_residues(make_plan(expr))
+    infos = analyse_plan(plan)
     return emit_module(plan, infos, header)
+
+
+def choose_source(expr: Expr, canonical: str | None = None) -> str:
+    """The module text of the faster form: for an expression with a parallel scatter form
+    both forms are compiled in a temporary directory and timed alternately on random inputs
+    (median of :data:`CHOICE_ROUNDS` rounds); otherwise the gather form."""
+    gather = generate_source(expr, canonical)
+    sf = scatter_form(expr, FLOAT64_TERMS)
+    if sf is None or not sf.parallel_levels():
+        return gather
+    from ollie.tune.measure import measure_alternating
+
+    sources = {"gather": gather, "scatter": generate_source(expr, canonical, "scatter")}
+    rng = np.random.default_rng(0)
+    flat = [rng.standard_normal(prod(shape), dtype=np.float32) for _, shape in expr.decls]
+    out = np.empty(prod(expr.shape), np.float32)
+    with tempfile.TemporaryDirectory(prefix="ollie-choice-") as tmp:
+        fns = {}
+        for name, text in sources.items():
+            path = Path(tmp) / f"trial_{name}_{fingerprint(expr)}.py"
+            path.write_text(text)
+            module = load_path(path)
+            fns[name] = (lambda m=module: m.run(*flat, out))
+        with _RUN_LOCK:
+            times = measure_alternating(fns, "cpu", rounds=CHOICE_ROUNDS, min_sample=5e-3)
+    best = min(times, key=times.get)
+    log.debug("eOp form: %s (%s)", best,
+              ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()))
+    return sources[best]
 
 
 def analyse_plan(plan: Plan) -> list[NestInfo]:
@@ -136,12 +182,12 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
     fallback = f"ollie_{full_key(canonical)}_{dk}"
     try:
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda: generate_source(expr, canonical))
+                                      lambda: choose_source(expr, canonical))
     except OSError as exc:  # unwritable cache directory: use a private temporary one
         directory = Path(tempfile.gettempdir()) / f"ollie-kernels-{os.getuid()}"
         log.warning("kernel cache %s unusable (%s); using %s", key[1], exc, directory)
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda: generate_source(expr, canonical))
+                                      lambda: choose_source(expr, canonical))
     seconds = time.perf_counter() - start
     kernel = CpuKernel(expr, module, Path(module.__file__), existed, seconds)
     log.debug("compiled eOp %s in %.2fs (%s)", stem, seconds,

@@ -1,0 +1,146 @@
+"""The scatter form of unimodular single-read sums (``ollie.codegen.scatter``) and the measured
+choice between it and the gather nest: the interpreter is the oracle."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ollie
+from ollie.codegen.analysis import FLOAT64_TERMS
+from ollie.codegen.cache import load_path
+from ollie.codegen.cpu import compile_cpu, generate_source
+from ollie.codegen.scatter import _invert, scatter_form
+from ollie.semantics import random_inputs
+
+CONV_TRANSPOSE_ADD = """
+    Y: [2, 5, 4, 3, 4, 4]
+    L<n=0:2, c=0:3, h=0:10, w=0:8> Sum<y=0:5, x=0:4> Y[n, y, x, c, h + 1 - 2*y, w + 1 - 2*x]
+"""
+
+
+def _unimodular(n: int, rnd: random.Random) -> list[list[int]]:
+    """A random integer matrix with determinant +-1: row 0 is e_0 (so iterator 0 alone is input
+    dimension 0: a parallel dimension), the other rows a random product of elementary
+    operations, sign flips and a row permutation."""
+    m = [[int(i == j) for j in range(n)] for i in range(n)]
+    for _ in range(3 * n):
+        i, j = rnd.sample(range(1, n), 2) if n > 2 else (1, 0)
+        k = rnd.choice([-2, -1, 1, 2])
+        m[i] = [a + k * b for a, b in zip(m[i], m[j], strict=True)]
+    rows = m[1:]
+    rnd.shuffle(rows)
+    return [m[0]] + [[-v for v in r] if rnd.random() < 0.3 else r for r in rows]
+
+
+def _affine_text(row: list[int], names: list[str], const: int) -> str:
+    parts = [f"{c}*{n}" for c, n in zip(row, names, strict=True) if c]
+    return (" + ".join(parts) + f" + {const}").replace("+ -", "- ") if parts else str(const)
+
+
+def _random_sum(rnd: random.Random) -> str:
+    n_trav, n_sum = rnd.randint(2, 3), rnd.randint(1, 2)
+    names = [f"t{i}" for i in range(n_trav)] + [f"s{i}" for i in range(n_sum)]
+    m = _unimodular(n_trav + n_sum, rnd)
+    shape = [rnd.randint(1, 5) for _ in names]
+    ranges = []
+    for _ in names:
+        lo = rnd.randint(-2, 1)
+        ranges.append((lo, lo + rnd.randint(1, 4)))
+    idx = ", ".join(_affine_text(row, names, rnd.randint(-2, 2)) for row in m)
+    trav = ", ".join(f"{n}={lo}:{hi}" for n, (lo, hi) in zip(names[:n_trav], ranges,
+                                                            strict=False))
+    summ = ", ".join(f"{n}={lo}:{hi}" for n, (lo, hi) in zip(names[n_trav:], ranges[n_trav:],
+                                                            strict=True))
+    return f"X: {shape}\nL<{trav}> Sum<{summ}> X[{idx}]"
+
+
+def _run_as_python(source: str, inputs: list[np.ndarray], size: int) -> np.ndarray:
+    """Execute generated module text with plain Python loops (numba's decorators made
+    identities): the same integer arithmetic numba compiles, without compiling."""
+    text = source.replace("from numba import njit, prange  # noqa: F401",
+                          "prange = range\ndef njit(*a, **k):\n    return lambda f: f")
+    namespace: dict = {}
+    exec(compile(text, "<scatter>", "exec"), namespace)
+    out = np.full(size, np.nan, np.float32)
+    namespace["run"](*(a.reshape(-1) for a in inputs), out)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_scatter_source_equals_the_interpreter_on_random_unimodular_sums(rnd):
+    text = _random_sum(rnd)
+    expr = ollie.parse(text)
+    form = scatter_form(expr, FLOAT64_TERMS)
+    assert form is not None and form.parallel_levels() >= 1, text
+    source = generate_source(expr, form="scatter")
+    inputs = random_inputs(expr, seed=rnd.randint(0, 99))
+    got = _run_as_python(source, [inputs[n] for n, _ in expr.decls], int(np.prod(expr.shape)))
+    np.testing.assert_allclose(got.reshape(expr.shape), ollie.interpret(expr, inputs),
+                               rtol=1e-5, atol=1e-5, err_msg=text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5), st.randoms(use_true_random=False))
+def test_invert_gives_the_integer_inverse_of_unimodular_matrices(n, rnd):
+    m = _unimodular(n, rnd)
+    inv = _invert(m)
+    assert inv is not None
+    assert [[sum(m[i][k] * inv[k][j] for k in range(n)) for j in range(n)]
+            for i in range(n)] == [[int(i == j) for j in range(n)] for i in range(n)]
+    doubled = [row[:] for row in m]
+    doubled[n - 1] = [2 * v for v in doubled[n - 1]]  # det 2: no integer inverse
+    assert _invert(doubled) is None
+    singular = [row[:] for row in m]
+    singular[n - 1] = singular[0][:]
+    assert _invert(singular) is None
+
+
+@pytest.mark.parametrize("text", [
+    "A: [4, 6]\nL<i=0:4> Sum<k=0:3> A[i, 2*k]",  # not square
+    "A: [4, 6]\nL<i=0:4> Sum<k=0:6> A[i, k] * A[i, k]",  # not a single read
+    "A: [4, 6]\nL<i=0:4, j=0:3> A[i, 2*j]",  # no summation
+    "A: [4, 8]\nL<i=0:4> Sum<k=0:4> A[i, 2*k]",  # det 2
+    f"A: [2, {FLOAT64_TERMS}]\nL<i=0:2> Sum<k=0:{FLOAT64_TERMS}> A[i, k]",  # float64 sum
+])
+def test_no_scatter_form(text):
+    assert scatter_form(ollie.parse(text), FLOAT64_TERMS) is None
+
+
+def test_scatter_form_requires_a_parallel_dimension():
+    # no traversal iterator is determined by input dimension 0 alone
+    form = scatter_form(ollie.parse("A: [6, 3]\nL<i=0:4> Sum<k=0:3> A[i + k, k]"), FLOAT64_TERMS)
+    assert form is not None and form.parallel_levels() == 0
+    with pytest.raises(ValueError, match="no parallel scatter form"):
+        generate_source(ollie.parse("A: [6, 3]\nL<i=0:4> Sum<k=0:3> A[i + k, k]"),
+                        form="scatter")
+
+
+def test_scatter_kernel_compiled_by_numba_matches_the_interpreter(tmp_path):
+    expr = ollie.parse(CONV_TRANSPOSE_ADD)
+    path = tmp_path / "scatter_ct.py"
+    path.write_text(generate_source(expr, form="scatter"))
+    module = load_path(path)
+    inputs = random_inputs(expr, seed=3)
+    out = np.full(int(np.prod(expr.shape)), np.nan, np.float32)
+    module.run(inputs["Y"].reshape(-1), out)
+    np.testing.assert_allclose(out.reshape(expr.shape), ollie.interpret(expr, inputs),
+                               rtol=1e-5, atol=1e-5)
+    # n leads the input and the output, so each parallel item zeroes its own output slice
+    assert "zeroed per item" in path.read_text() and "def zero(out)" not in path.read_text()
+
+
+def test_compile_cpu_times_both_forms_and_keeps_a_correct_kernel(tmp_path, caplog):
+    expr = ollie.parse(CONV_TRANSPOSE_ADD)
+    with caplog.at_level("DEBUG", logger="ollie.codegen.cpu"):
+        kernel = compile_cpu(expr, cache_dir=tmp_path)
+    assert any("eOp form:" in r.getMessage() and "gather" in r.getMessage()
+               and "scatter" in r.getMessage() for r in caplog.records)
+    inputs = random_inputs(expr, seed=4)
+    np.testing.assert_allclose(kernel(inputs), ollie.interpret(expr, inputs), rtol=1e-5,
+                               atol=1e-5)
