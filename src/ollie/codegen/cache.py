@@ -88,6 +88,13 @@ def load_path(path: Path) -> ModuleType:
     return _import(path)
 
 
+def unload_path(path: Path) -> None:
+    """Forget the module imported by :func:`load_path` from ``path``."""
+    name = f"ollie_kernels.{path.stem}"
+    if getattr(sys.modules.get(name), "__file__", None) == str(path):
+        del sys.modules[name]
+
+
 def load_module(directory: Path, stem: str, canonical: str, fallback_stem: str,
                 generate: Callable[[], str]) -> tuple[ModuleType, bool]:
     """Import the kernel module ``stem`` from ``directory``, generating it when absent.

@@ -39,7 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from ollie.codegen.analysis import FLOAT64_TERMS, NestInfo, analyse
-from ollie.codegen.cache import decls_key, default_cache_dir, full_key, load_module, load_path
+from ollie.codegen.cache import (
+    decls_key,
+    default_cache_dir,
+    full_key,
+    load_module,
+    load_path,
+    unload_path,
+)
 from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
 from ollie.codegen.plan import Plan, make_plan
@@ -111,8 +118,7 @@ def generate_source(expr: Expr, canonical: str | None = None, form: str = "gathe
     """The generated module text for ``expr`` (no caching, no import). ``form``: ``"gather"``
     (loop nests over the output, any expression) or ``"scatter"`` (over the input, see
     :mod:`ollie.codegen.scatter`; ValueError when ``expr`` has no scatter form)."""
-    header = {"text": format_expr(expr),
-              "CANONICAL": canonical if canonical is not None else canonical_form(expr)}
+    header = _header(expr, canonical)
     if form == "scatter":
         sf = scatter_form(expr, FLOAT64_TERMS)
         if sf is None or not sf.parallel_levels():
@@ -125,6 +131,11 @@ def generate_source(expr: Expr, canonical: str | None = None, form: str = "gathe
     return emit_module(plan, infos, header)
 
 
+def _header(expr: Expr, canonical: str | None) -> dict[str, str]:
+    return {"text": format_expr(expr),
+            "CANONICAL": canonical if canonical is not None else canonical_form(expr)}
+
+
 def choose_source(expr: Expr, canonical: str | None = None) -> str:
     """The module text of the faster form: for an expression with a parallel scatter form
     both forms are compiled in a temporary directory and timed alternately on random inputs
@@ -135,7 +146,7 @@ def choose_source(expr: Expr, canonical: str | None = None) -> str:
         return gather
     from ollie.tune.measure import measure_alternating
 
-    sources = {"gather": gather, "scatter": generate_source(expr, canonical, "scatter")}
+    sources = {"gather": gather, "scatter": emit_scatter_module(sf, _header(expr, canonical))}
     rng = np.random.default_rng(0)
     flat = [rng.standard_normal(prod(shape), dtype=np.float32) for _, shape in expr.decls]
     out = np.empty(prod(expr.shape), np.float32)
@@ -148,6 +159,8 @@ def choose_source(expr: Expr, canonical: str | None = None) -> str:
             fns[name] = (lambda m=module: m.run(*flat, out))
         with _RUN_LOCK:
             times = measure_alternating(fns, "cpu", rounds=CHOICE_ROUNDS, min_sample=5e-3)
+        for name in sources:  # the trial modules are not kept
+            unload_path(Path(tmp) / f"trial_{name}_{fingerprint(expr)}.py")
     best = min(times, key=times.get)
     log.debug("eOp form: %s (%s)", best,
               ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()))
