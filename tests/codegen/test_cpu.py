@@ -9,6 +9,7 @@ generated code (interior loop without bounds checks) and the on-disk cache.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -262,6 +263,36 @@ def test_disk_cache_is_reused_by_a_new_process(tmp_path):
     assert not first_disk and second_disk
     assert list(tmp_path.glob("__pycache__/*.nbi"))  # numba's machine-code cache
     assert second < first
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "omp"),  # Ollie's order: omp first (when numba can load it)
+    ({"NUMBA_THREADING_LAYER": "workqueue"}, "workqueue"),  # the user's choice is kept
+])
+def test_threading_layer_choice(tmp_path, env, expected):
+    script = textwrap.dedent(f"""
+        import numpy as np, numba
+        from ollie.codegen.cpu import compile_cpu
+        big = "A: [1024, 1024]\\nL<i=0:1024, j=0:1024> A[i, j] * 2"
+        k = compile_cpu(big, cache_dir={str(tmp_path)!r})
+        a = np.ones((1024, 1024), np.float32)
+        assert (k({{"A": a}}) == 2).all()
+        try:
+            import numba.np.ufunc.omppool  # noqa: F401
+            omp = True
+        except ImportError:
+            omp = False
+        print(numba.config.THREADING_LAYER_PRIORITY[0], numba.threading_layer(), omp)
+    """)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**clean, **env})
+    assert out.returncode == 0, out.stderr
+    first, layer, omp = out.stdout.split()[-3:]
+    assert first == ("omp" if not env else "tbb")  # numba's own default order starts at tbb
+    if expected == "omp" and omp == "False":
+        pytest.skip("numba cannot load its omp threading layer here")
+    assert layer == expected
 
 
 # --------------------------------------------------------------------- calling convention

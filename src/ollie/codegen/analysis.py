@@ -51,8 +51,11 @@ PARALLEL_ITEMS = 64
 
 PARALLEL_MIN_POINTS = 1 << 18
 """Nests with fewer iteration points (traversal x summation) run serially: launching the
-parallel loop costs 30-40 us here (numba workqueue layer, 2 cores), the time of about 2**17
-points of a memory-bound body."""
+parallel loop cost 30-40 us with numba's workqueue layer (2 cores), the time of about 2**17
+points of a memory-bound body. With the omp layer (now preferred, see
+:data:`ollie.codegen.cpu.THREADING_LAYER_PRIORITY`) a launch costs 1.5 us back to back but
+about 50 us once the workers slept; 2**15 and 2**13 measured no better end to end (InfoGAN
+b1, 2026-11-22), so the threshold stayed."""
 
 X_BLOCK_MIN = 256
 """Smallest block of the innermost loop when it is cut into blocks for the parallel loop."""
