@@ -45,6 +45,7 @@ import torch
 import ollie
 from ollie.bench.baselines import cores, ort_session
 from ollie.bench.ops import copy_bandwidth
+from ollie.optimizer.libraries import rel_err
 from ollie.tune.measure import measure, measure_alternating
 
 DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
@@ -119,11 +120,6 @@ def graph_costs(graph) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------- one model, one batch
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = torch.as_tensor(got).double(), want.double()
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
@@ -172,7 +168,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             got = compiled(*inputs)
             compiled(*inputs)
         row["compile_s"] = time.perf_counter() - t0
-        row["errors"]["torch.compile"] = _rel_err(got, ref)
+        row["errors"]["torch.compile"] = rel_err(got, ref)
         fns["torch.compile"] = lambda: compiled(*inputs)
         log(f"  torch.compile: compiled and warmed up in {row['compile_s']:.1f} s")
     except Exception as e:  # a peer's failure is a result
@@ -188,7 +184,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             sess = ort_session(to_onnx_model(module, inputs).SerializeToString(),
                                torch.get_num_threads())
             feed = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=True)}
-            row["errors"]["ORT"] = _rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
+            row["errors"]["ORT"] = rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
             fns["ORT"] = lambda: sess.run(None, feed)
         except Exception as e:  # a failing peer is a result
             notes.append(f"ORT failed: {_first_line(e)}")
@@ -200,7 +196,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     ollie.optimize(module, inputs, "cpu", time_budget=budget)
     row["reoptimize_s"] = time.perf_counter() - t0
     with torch.inference_mode():
-        row["errors"]["Ollie"] = err = _rel_err(prog(*inputs), ref)
+        row["errors"]["Ollie"] = err = rel_err(prog(*inputs), ref)
     row["ollie_correct"] = err < RTOL
     if not row["ollie_correct"]:
         notes.append(f"Ollie output WRONG (relative error {err:.1e})")

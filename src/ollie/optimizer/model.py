@@ -34,6 +34,7 @@ from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node, run_graph
 from ollie.ir import Expr
+from ollie.optimizer.libraries import choose_libraries, rel_err
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -66,6 +67,7 @@ class OptimizeConfig:
     use_cache: bool = True
     check_rtol: float = 1e-3
     seed: int = 0
+    choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
 
 
 @dataclass
@@ -408,7 +410,8 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
 def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
              notes: list[str]) -> Program:
     """The first of (post-processed, raw, original operators) that matches the original
-    model on random inputs."""
+    model on random inputs; on the CPU, with its convolution libraries chosen for the whole
+    program (:func:`ollie.optimizer.libraries.choose_libraries`)."""
     rng = np.random.default_rng(cfg.seed + 1)
     feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
              for n, s in graph.inputs}
@@ -419,19 +422,26 @@ def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         except OllieError as exc:
             notes.append(f"{label} program failed to run: {exc}")
             continue
-        err = max(_rel_err(got[o], want[o]) for o in graph.outputs)
+        err = max(rel_err(got[o], want[o]) for o in graph.outputs)
         if err <= cfg.check_rtol:
             notes.append(f"checked against the original model: max relative error {err:.2e}")
-            return candidate
+            return _libraries(candidate, feeds, want, cfg, notes)
         notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
     notes.append("falling back to the original operators")
     nodes = [k for n in graph.nodes for k in _Optimizer(graph, cfg, None).node_kernel(n)]
-    return Program(raw.inputs, raw.outputs, nodes, dict(graph.initializers))
+    return _libraries(Program(raw.inputs, raw.outputs, nodes, dict(graph.initializers)),
+                      feeds, want, cfg, notes)
 
 
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+def _libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
+               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str]
+               ) -> Program:
+    if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
+        return prog
+    prog, note = choose_libraries(prog, feeds, want, cfg.check_rtol)
+    if note:
+        notes.append(note)
+    return prog
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

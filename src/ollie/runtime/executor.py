@@ -39,6 +39,15 @@ KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
 OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
 """Kernels that write into a given output buffer."""
 
+
+def library_of(k: Kernel) -> str | None:
+    """The convolution implementation a program-level choice fixed for kernel ``k``
+    (``params["library"]``, see :mod:`ollie.optimizer.libraries`), or None: measured per
+    configuration."""
+    lib = k.params.get("library")
+    return str(lib) if lib else None
+
+
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
     implementation (:func:`ollie.runtime.onednn.best_conv`: the weight packed for oneDNN once,
@@ -72,7 +81,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                 conv = chosen[fmt] = onednn.best_conv(
                     "Conv2d", w, bias, shape, stride, pad, dil,
                     activation=str(act) if act else None, residual=skip is not None,
-                    channels_last=fmt)
+                    channels_last=fmt, prefer=library_of(k))
             return conv(x) if skip is None else conv(x, env[skip])
 
         return run_library
@@ -226,7 +235,8 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         fast = onednn.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
                                   constants[ins[1]],
                                   constants[ins[2]] if len(ins) == 3 else None,
-                                  activation=str(act) if act else None, residual=residual)
+                                  activation=str(act) if act else None, residual=residual,
+                                  prefer=library_of(k))
         if fast is not None:
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip])

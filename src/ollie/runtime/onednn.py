@@ -220,11 +220,17 @@ def fastest(impls: dict[str, Conv | None], input_shape: tuple[int, ...],
 
 
 def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tuple[int, ...],
-               key: tuple, make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None
-               ) -> Conv:
+               key: tuple, make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None,
+               prefer: str | None = None) -> Conv:
     """:func:`fastest` over implementations built by ``builders`` (each returns a callable or
     None); once a choice is remembered for ``key`` only the chosen one is built (building an
-    implementation packs a weight or creates an ONNX Runtime session)."""
+    implementation packs a weight or creates an ONNX Runtime session). ``prefer``: the name
+    of the implementation to use, without measuring, when it can be built (a program-level
+    choice, :mod:`ollie.optimizer.libraries`)."""
+    if prefer in builders:
+        impl = builders[prefer]()  # type: ignore[index]
+        if impl is not None:
+            return impl
     chosen = _CHOICES.get(key)
     if chosen in builders:
         impl = builders[chosen]()
@@ -238,13 +244,15 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
               dilation: tuple[int, int], groups: int = 1,
               output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
-              residual: bool = False, channels_last: bool = False) -> Conv:
+              residual: bool = False, channels_last: bool = False,
+              prefer: str | None = None) -> Conv:
     """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
     with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
     weight packed, plain torch and ONNX Runtime, measured once per configuration
     (:func:`fastest_of`) on inputs in the memory format they will have (``channels_last``:
     the output of a packed oneDNN convolution is; an implementation that needs NCHW pays for
-    the conversion in its time)."""
+    the conversion in its time). ``prefer`` names an implementation to use without
+    measuring when it is available (:func:`fastest_of`)."""
     from ollie.runtime.ort_conv import ort_conv
 
     def conv(x: torch.Tensor) -> torch.Tensor:
@@ -269,15 +277,17 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                                                         padding, dilation, groups,
                                                         output_padding, activation, residual)},
                       input_shape, key,
-                      lambda: probes(input_shape, plain, residual, channels_last))
+                      lambda: probes(input_shape, plain, residual, channels_last), prefer)
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
-                activation: str | None = None, residual: bool = False) -> Conv | None:
+                activation: str | None = None, residual: bool = False,
+                prefer: str | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
     ``bias``) and symmetric padding: a callable running it (then adding the residual, then
     ``activation``) with the :func:`best_conv` implementation, chosen on the first call for
-    each input shape and memory format. ``None`` for other nodes."""
+    each input shape and memory format (``prefer``: see :func:`best_conv`). ``None`` for other
+    nodes."""
     from ollie.graph.execute import _pad4, _pair
 
     if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
@@ -298,7 +308,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         fn = cache.get(key)
         if fn is None:
             fn = cache[key] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
-                                        activation, residual, key[1])
+                                        activation, residual, key[1], prefer)
         return fn(x, *residual_input)
 
     return run

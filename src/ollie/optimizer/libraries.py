@@ -1,0 +1,86 @@
+"""Program-level choice of the convolution library on the CPU.
+
+Each library convolution of a program (a ``Conv`` kernel with a constant weight, or an original
+``Conv2d`` / ``ConvTranspose2d`` kept as a ``Node``) picks the fastest of oneDNN with a packed
+weight, plain torch and ONNX Runtime on its own (:func:`ollie.runtime.onednn.best_conv`).
+Timed alone, each choice is right; in a program, the implementations run on different thread
+pools (torch's OpenMP workers, ONNX Runtime's own), and a pool that slept while another
+library ran pays to wake its threads on every call, while the other pool's threads take the
+cores. Measured on the 2-core VM (2026-11-22), DCGAN b1 with per-operator choices (two ONNX
+Runtime convolutions, two oneDNN) ran 0.90 ms, with every convolution on oneDNN 0.84 ms; on
+InfoGAN b16 and DCGAN b16 (one plain torch convolution among oneDNN ones) 3-7% slower.
+
+:func:`choose_libraries` therefore times the whole program with the per-operator choices
+against the program with every convolution on one library of :data:`UNIFORM` (in interleaved
+rounds, steady state), checks the uniform program against the reference outputs, and keeps
+the faster. The choice is recorded in the kernels' ``params["library"]``, so a saved program
+keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import torch
+
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+
+UNIFORM = ("oneDNN packed",)
+"""Libraries tried for every convolution at once: oneDNN shares torch's thread pool with the
+program's matmuls and other torch operators."""
+
+ROUNDS = 9
+"""Interleaved rounds of the whole-program comparison."""
+
+CONV_NODES = ("Conv2d", "ConvTranspose2d")
+
+
+def is_library_conv(k: Kernel) -> bool:
+    """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
+    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_NODES)
+
+
+def with_library(prog: Program, library: str) -> Program:
+    """``prog`` with every library convolution fixed to ``library``."""
+    kernels = [replace(k, params={**k.params, "library": library}) if is_library_conv(k)
+               else k for k in prog.kernels]
+    return Program(prog.inputs, prog.outputs, kernels, prog.constants)
+
+
+def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
+                     want: Mapping[str, torch.Tensor], rtol: float
+                     ) -> tuple[Program, str | None]:
+    """The faster of ``prog`` (per-operator library choices) and its uniform-library variants,
+    timed on ``feeds``; a variant must match ``want`` within ``rtol`` (relative to each
+    output's largest magnitude). Returns the program and a note (None when ``prog`` has fewer
+    than two library convolutions: nothing to choose)."""
+    from ollie.runtime.executor import CompiledProgram
+    from ollie.tune.measure import measure_alternating
+
+    if sum(is_library_conv(k) for k in prog.kernels) < 2:
+        return prog, None
+    variants = {"per operator": prog, **{lib: with_library(prog, lib) for lib in UNIFORM}}
+    fns = {}
+    for name, variant in variants.items():
+        compiled = CompiledProgram(variant, "cpu")
+        got = compiled.run(feeds)  # the first call makes the per-operator choices
+        if name != "per operator" and any(rel_err(got[o], want[o]) > rtol for o in want):
+            continue
+        fns[name] = (lambda c=compiled: c.run(feeds))
+    if len(fns) < 2:
+        return prog, None
+    times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1)
+    best = min(times, key=times.__getitem__)
+    detail = ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items())
+    if best == "per operator":
+        return prog, f"convolution libraries: chosen per operator ({detail})"
+    return variants[best], f"convolution libraries: all {best} ({detail})"
+
+
+def rel_err(got: object, want: torch.Tensor) -> float:
+    """Largest absolute difference over the largest magnitude of ``want`` (the end-to-end
+    check's measure)."""
+    g, w = torch.as_tensor(got).double(), want.double()
+    return float((g - w).abs().max() / w.abs().max().clamp_min(1e-30))
