@@ -1,6 +1,6 @@
 """Program-level choice of the convolution library: a preferred implementation is used without
 measuring, the uniform variant is only kept when it matches the reference, the choice survives
-save / load, and the optimised model still matches the module."""
+save / load and is reused from the cost cache, and optimised models still match."""
 
 from __future__ import annotations
 
@@ -10,20 +10,36 @@ from torch import nn
 
 import ollie
 from ollie.graph import run_graph
-from ollie.optimizer.libraries import UNIFORM, choose_libraries, is_library_conv, with_library
-from ollie.optimizer.model import to_graph
+from ollie.optimizer.libraries import (
+    PER_OPERATOR,
+    UNIFORM,
+    choose_libraries,
+    is_library_conv,
+    with_library,
+)
+from ollie.optimizer.model import OptimizeConfig, OptimizedModel, _libraries, _Optimizer, to_graph
+from ollie.program.program import Program
 from ollie.runtime import onednn
 from ollie.runtime.executor import CompiledProgram
+from ollie.tune.cache import CostCache
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
 
 
-def _two_convs() -> tuple[nn.Module, torch.Tensor]:
-    """A model whose optimised program keeps two library convolutions."""
+def _original_program() -> tuple[nn.Module, torch.Tensor, Program, dict, dict]:
+    """A model with two convolutions, its program of original operators (what Ollie keeps when
+    no rewrite wins), feeds and the reference outputs."""
     torch.manual_seed(5)
     m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
-                      nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()).eval()
-    return m, torch.randn(1, 4, 12, 12)
+                      nn.ConvTranspose2d(8, 3, 4, stride=2, padding=1), nn.Tanh()).eval()
+    x = torch.randn(1, 4, 12, 12)
+    graph = to_graph(m, (x,))
+    opt = _Optimizer(graph, OptimizeConfig(use_cache=False), None)
+    kernels = [k for n in graph.nodes for k in opt.node_kernel(n)]
+    prog = Program(tuple((n, tuple(graph.shape(n))) for n in graph.input_names),
+                   tuple(graph.outputs), kernels, dict(graph.initializers))
+    feeds = {graph.input_names[0]: x}
+    return m, x, prog, feeds, run_graph(graph, feeds)
 
 
 def test_fastest_of_uses_a_preferred_implementation_without_measuring():
@@ -54,40 +70,55 @@ def test_fastest_of_uses_a_preferred_implementation_without_measuring():
 
 @needs_onednn
 def test_uniform_library_variant_is_exact_and_kept_through_save_and_load(tmp_path):
-    m, x = _two_convs()
-    prog = ollie.optimize(m, (x,), "cpu", time_budget=2.0, max_depth=0, use_cache=False)
-    convs = [k for k in prog.program.kernels if is_library_conv(k)]
-    assert len(convs) >= 2
-    assert any("convolution libraries:" in n for n in prog.notes)
+    m, x, prog, _, _ = _original_program()
+    convs = [k for k in prog.kernels if is_library_conv(k)]
+    assert len(convs) == 2
     with torch.inference_mode():
         want = m(x)
-    torch.testing.assert_close(prog(x), want, rtol=1e-3, atol=1e-4)
-    uniform = with_library(prog.program, UNIFORM[0])
+    uniform = with_library(prog, UNIFORM[0])
     assert all(k.params["library"] == UNIFORM[0] for k in uniform.kernels
                if is_library_conv(k))
     assert all("library" not in k.params for k in uniform.kernels if not is_library_conv(k))
     torch.testing.assert_close(CompiledProgram(uniform)(x), want, rtol=1e-3, atol=1e-4)
-    prog.save(tmp_path / "p")
-    loaded = ollie.load(tmp_path / "p")
-    libs = {k.params.get("library") for k in loaded.program.kernels if is_library_conv(k)}
-    assert libs == {k.params.get("library") for k in convs}
+    OptimizedModel(uniform, input_names=tuple(n for n, _ in uniform.inputs)).save(tmp_path)
+    loaded = ollie.load(tmp_path)
+    assert [k.params.get("library") for k in loaded.program.kernels] == \
+        [k.params.get("library") for k in uniform.kernels]
     torch.testing.assert_close(loaded(x), want, rtol=1e-3, atol=1e-4)
 
 
 @needs_onednn
 def test_a_variant_that_disagrees_with_the_reference_is_not_kept():
-    m, x = _two_convs()
-    graph = to_graph(m, (x,))
-    prog = ollie.optimize(m, (x,), "cpu", time_budget=2.0, max_depth=0, use_cache=False,
-                          choose_libraries=False).program
-    assert all("library" not in k.params for k in prog.kernels)
-    feeds = {graph.inputs[0][0]: x}
-    want = run_graph(graph, feeds)
-    kept, note = choose_libraries(prog, feeds, want, 1e-3)
-    assert note is not None and note.startswith("convolution libraries:")
+    _, _, prog, feeds, want = _original_program()
+    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3)
+    assert decision in (PER_OPERATOR, *UNIFORM)
+    assert note is not None and note.startswith("convolution libraries:") and "ms" in note
     wrong = {n: t + 1.0 for n, t in want.items()}  # no variant can match this
-    kept, note = choose_libraries(prog, feeds, wrong, 1e-3)
-    assert kept is prog and note is None
+    kept, decision, note = choose_libraries(prog, feeds, wrong, 1e-3)
+    assert kept is prog and decision is None and note is None
+    # a decision made before is applied without timing, a uniform one still checked
+    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, decided=UNIFORM[0])
+    assert decision == UNIFORM[0] and note.endswith("(cached)")
+    assert all(k.params["library"] == UNIFORM[0] for k in kept.kernels if is_library_conv(k))
+    kept, decision, note = choose_libraries(prog, feeds, wrong, 1e-3, decided=UNIFORM[0])
+    assert kept is prog and decision is None
+
+
+@needs_onednn
+def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
+    _, _, prog, feeds, want = _original_program()
+    cache = CostCache(tmp_path / "costs.sqlite")
+    cfg = OptimizeConfig()
+    notes1: list[str] = []
+    first = _libraries(prog, feeds, want, cfg, notes1, cache)
+    notes2: list[str] = []
+    second = _libraries(prog, feeds, want, cfg, notes2, cache)
+    assert "ms" in notes1[-1] and notes2[-1].endswith("(cached)")
+    assert [k.params.get("library") for k in first.kernels] == \
+        [k.params.get("library") for k in second.kernels]
+    off: list[str] = []
+    assert _libraries(prog, feeds, want, OptimizeConfig(choose_libraries=False), off,
+                      cache) is prog and not off
 
 
 def test_programs_with_fewer_than_two_convolutions_are_left_alone():
@@ -96,6 +127,7 @@ def test_programs_with_fewer_than_two_convolutions_are_left_alone():
     graph = to_graph(m, (x,))
     prog = ollie.optimize(m, (x,), "cpu", time_budget=2.0, max_depth=0, use_cache=False,
                           choose_libraries=False).program
+    assert all("library" not in k.params for k in prog.kernels)
     feeds = {graph.inputs[0][0]: x}
-    kept, note = choose_libraries(prog, feeds, run_graph(graph, feeds), 1e-3)
-    assert kept is prog and note is None
+    kept, decision, note = choose_libraries(prog, feeds, run_graph(graph, feeds), 1e-3)
+    assert kept is prog and decision is None and note is None

@@ -14,7 +14,8 @@ InfoGAN b16 and DCGAN b16 (one plain torch convolution among oneDNN ones) 3-7% s
 against the program with every convolution on one library of :data:`UNIFORM` (in interleaved
 rounds, steady state), checks the uniform program against the reference outputs, and keeps
 the faster. The choice is recorded in the kernels' ``params["library"]``, so a saved program
-keeps it.
+keeps it, and ``ollie.optimize`` stores it in the cost cache (a warm re-optimisation does not
+time the program again).
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ UNIFORM = ("oneDNN packed",)
 program's matmuls and other torch operators."""
 
 ROUNDS = 9
-"""Interleaved rounds of the whole-program comparison."""
+"""Interleaved rounds of the whole-program comparison (at least 3 run)."""
+
+MAX_SECONDS = 10.0
+"""Later rounds stop after this long (a program of a few hundred ms per call)."""
+
+PER_OPERATOR = "per operator"
+"""The decision to keep each convolution's own measured choice."""
 
 CONV_NODES = ("Conv2d", "ConvTranspose2d")
 
@@ -50,33 +57,42 @@ def with_library(prog: Program, library: str) -> Program:
 
 
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
-                     want: Mapping[str, torch.Tensor], rtol: float
-                     ) -> tuple[Program, str | None]:
+                     want: Mapping[str, torch.Tensor], rtol: float,
+                     decided: str | None = None) -> tuple[Program, str | None, str | None]:
     """The faster of ``prog`` (per-operator library choices) and its uniform-library variants,
     timed on ``feeds``; a variant must match ``want`` within ``rtol`` (relative to each
-    output's largest magnitude). Returns the program and a note (None when ``prog`` has fewer
-    than two library convolutions: nothing to choose)."""
+    output's largest magnitude). ``decided``: a decision made before (a name of
+    :data:`UNIFORM` or ``"per operator"``, e.g. from the cost cache), applied without timing
+    (a uniform variant is still checked). Returns the program, the decision and a note (both
+    None when ``prog`` has fewer than two library convolutions: nothing to choose)."""
     from ollie.runtime.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
     if sum(is_library_conv(k) for k in prog.kernels) < 2:
-        return prog, None
-    variants = {"per operator": prog, **{lib: with_library(prog, lib) for lib in UNIFORM}}
+        return prog, None, None
+    names = [PER_OPERATOR, *UNIFORM] if decided not in (PER_OPERATOR, *UNIFORM) else \
+        [decided]
+    variants = {n: prog if n == PER_OPERATOR else with_library(prog, n) for n in names}
     fns = {}
     for name, variant in variants.items():
         compiled = CompiledProgram(variant, "cpu")
         got = compiled.run(feeds)  # the first call makes the per-operator choices
-        if name != "per operator" and any(rel_err(got[o], want[o]) > rtol for o in want):
+        if name != PER_OPERATOR and any(rel_err(got[o], want[o]) > rtol for o in want):
             continue
         fns[name] = (lambda c=compiled: c.run(feeds))
+    if decided is not None and list(fns) == [decided]:
+        return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
     if len(fns) < 2:
-        return prog, None
-    times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1)
+        return prog, None, None
+    times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
+                                max_seconds=MAX_SECONDS)
     best = min(times, key=times.__getitem__)
     detail = ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items())
-    if best == "per operator":
-        return prog, f"convolution libraries: chosen per operator ({detail})"
-    return variants[best], f"convolution libraries: all {best} ({detail})"
+    return variants[best], best, f"convolution libraries: {_label(best)} ({detail})"
+
+
+def _label(decision: str) -> str:
+    return "chosen per operator" if decision == PER_OPERATOR else f"all {decision}"
 
 
 def rel_err(got: object, want: torch.Tensor) -> float:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -402,13 +403,13 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     raw = opt.run()
     prog = postprocess(raw)
     notes = [*opt.notes, describe_postprocess(raw, prog)]
-    prog = _checked(graph, prog, raw, cfg, notes)
+    prog = _checked(graph, prog, raw, cfg, notes, opt.cache)
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, opt.report, notes, tuple(graph.input_names), device)
 
 
 def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
-             notes: list[str]) -> Program:
+             notes: list[str], cache: CostCache | None = None) -> Program:
     """The first of (post-processed, raw, original operators) that matches the original
     model on random inputs; on the CPU, with its convolution libraries chosen for the whole
     program (:func:`ollie.optimizer.libraries.choose_libraries`)."""
@@ -425,22 +426,31 @@ def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         err = max(rel_err(got[o], want[o]) for o in graph.outputs)
         if err <= cfg.check_rtol:
             notes.append(f"checked against the original model: max relative error {err:.2e}")
-            return _libraries(candidate, feeds, want, cfg, notes)
+            return _libraries(candidate, feeds, want, cfg, notes, cache)
         notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
     notes.append("falling back to the original operators")
     nodes = [k for n in graph.nodes for k in _Optimizer(graph, cfg, None).node_kernel(n)]
     return _libraries(Program(raw.inputs, raw.outputs, nodes, dict(graph.initializers)),
-                      feeds, want, cfg, notes)
+                      feeds, want, cfg, notes, cache)
 
 
 def _libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
-               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str]
-               ) -> Program:
+               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
+               cache: CostCache | None) -> Program:
+    """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
+    ``cache`` under a digest of the program's kernels and the device."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog
-    prog, note = choose_libraries(prog, feeds, want, cfg.check_rtol)
+    doc = json.dumps([prog.inputs, prog.outputs,
+                      [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
+                       for kn in prog.kernels]], sort_keys=True)
+    key = f"libraries|{hashlib.sha256(doc.encode()).hexdigest()}|{device_key(cfg.device)}"
+    decided = cache.get_decision(key) if cache is not None else None
+    prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided)
     if note:
         notes.append(note)
+    if cache is not None and decision is not None and decision != decided:
+        cache.put_decision(key, decision)
     return prog
 
 
