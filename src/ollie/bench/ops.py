@@ -3,7 +3,8 @@
 For each case: derive candidates (``time_budget`` seconds), select the fastest verified
 program by measurement against the original operator, then time side by side, in interleaved
 rounds in one process: PyTorch eager, ONNX Runtime (convolutions), the best plain PyTorch
-formulation (G2BMM) and Ollie's program. Also reported: each eOperator's achieved memory
+formulation (G2BMM) and Ollie's program, each in steady state (a sample is one untimed call,
+then at least 20 ms of back-to-back calls: a layer of a model served in a loop). Also reported: each eOperator's achieved memory
 bandwidth as a fraction of this machine's measured copy bandwidth. Writes ``ops.md``,
 ``ops.json`` and ``ops.png``.
 """
@@ -101,7 +102,10 @@ def run_case(name: str, budget: float, device: str, cache: CostCache, copy_bw: f
                 bw = float(k.params.get("bytes", 0)) / secs
                 row["eops"].append({"shape": list(k.output_shape), "ms": secs * 1e3,
                                     "GBps": bw / 1e9, "of_copy": bw / copy_bw})
-    times = measure_alternating(fns, device)
+    # steady state, as in `ollie bench models`: an untimed call, then >= 20 ms of
+    # back-to-back calls per sample, so no system pays for waking its thread pool after
+    # another system ran
+    times = measure_alternating(fns, device, min_sample=0.02, lead_calls=1)
     row["times_ms"] = {k: v * 1e3 for k, v in times.items()}
     ollie_ms = row["times_ms"].get("Ollie", row["times_ms"][next(iter(base))])
     row["ollie_ms"] = ollie_ms
