@@ -4,9 +4,9 @@ For each case: derive candidates (``time_budget`` seconds), select the fastest v
 program by measurement against the original operator, then time side by side, in interleaved
 rounds in one process: PyTorch eager, ONNX Runtime (convolutions), the best plain PyTorch
 formulation (G2BMM) and Ollie's program, each in steady state (a sample is one untimed call,
-then at least 20 ms of back-to-back calls: a layer of a model served in a loop). Also reported: each eOperator's achieved memory
-bandwidth as a fraction of this machine's measured copy bandwidth. Writes ``ops.md``,
-``ops.json`` and ``ops.png``.
+then at least 20 ms of back-to-back calls: a layer of a model served in a loop). Also
+reported: each eOperator's achieved memory bandwidth as a fraction of this machine's measured
+copy bandwidth. Writes ``ops.md``, ``ops.json`` and ``ops.png``.
 """
 
 from __future__ import annotations
