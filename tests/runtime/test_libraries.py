@@ -1,6 +1,6 @@
-"""Program-level choice of the convolution library: a preferred implementation is used without
-measuring, the uniform variant is only kept when it matches the reference, the choice survives
-save / load and is reused from the cost cache, and optimised models still match."""
+"""Program-level choice of the convolution library: the uniform variant is exact and only kept
+when it matches the reference, the choice survives save / load and is reused from the cost
+cache (the preferred implementation it relies on: tests/runtime/test_onednn.py)."""
 
 from __future__ import annotations
 
@@ -40,32 +40,6 @@ def _original_program() -> tuple[nn.Module, torch.Tensor, Program, dict, dict]:
                    tuple(graph.outputs), kernels, dict(graph.initializers))
     feeds = {graph.input_names[0]: x}
     return m, x, prog, feeds, run_graph(graph, feeds)
-
-
-def test_fastest_of_uses_a_preferred_implementation_without_measuring():
-    built: list[str] = []
-
-    def builder(name, fn):
-        def build():
-            built.append(name)
-            return fn
-        return build
-
-    def a(x):
-        return x
-
-    def b(x):
-        return x
-
-    key = ("prefer", 1)
-    assert onednn.fastest_of({"a": builder("a", a), "b": builder("b", b)}, (2,), key,
-                             prefer="b") is b
-    assert built == ["b"] and key not in onednn._CHOICES
-    # a preferred implementation that cannot be built: the measured choice
-    built.clear()
-    got = onednn.fastest_of({"a": builder("a", a), "b": builder("b", None)}, (2,), key,
-                            prefer="b")
-    assert got is a and set(built) == {"a", "b"}
 
 
 @needs_onednn

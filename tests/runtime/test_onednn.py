@@ -244,16 +244,21 @@ def test_ort_convolutions_match_torch(act):
                     activation="gelu") is None
 
 
-def test_fastest_of_builds_only_the_remembered_choice():
-    import time
-
-    built: list[str] = []
-
+def _recording(built: list[str]):
+    """``builder(name, fn)``: a builder returning ``fn`` that records ``name`` in ``built``."""
     def builder(name, fn):
         def build():
             built.append(name)
             return fn
         return build
+    return builder
+
+
+def test_fastest_of_builds_only_the_remembered_choice():
+    import time
+
+    built: list[str] = []
+    builder = _recording(built)
 
     def slow(x):
         time.sleep(0.002)
@@ -270,6 +275,27 @@ def test_fastest_of_builds_only_the_remembered_choice():
     built.clear()
     assert onednn.fastest_of(b, (2,), key) is quick
     assert built == ["quick"]
+
+
+def test_fastest_of_uses_a_preferred_implementation_without_measuring():
+    built: list[str] = []
+    builder = _recording(built)
+
+    def a(x):
+        return x
+
+    def b(x):
+        return x
+
+    key = ("prefer", 1)
+    assert onednn.fastest_of({"a": builder("a", a), "b": builder("b", b)}, (2,), key,
+                             prefer="b") is b
+    assert built == ["b"] and key not in onednn._CHOICES
+    # a preferred implementation that cannot be built: the measured choice
+    built.clear()
+    got = onednn.fastest_of({"a": builder("a", a), "b": builder("b", None)}, (2,), key,
+                            prefer="b")
+    assert got is a and set(built) == {"a", "b"}
 
 
 @pytest.mark.parametrize("act", [None, "relu"])
