@@ -79,6 +79,21 @@ def test_a_variant_that_disagrees_with_the_reference_is_not_kept():
 
 
 @needs_onednn
+def test_a_variant_that_fails_to_run_is_skipped(monkeypatch):
+    _, _, prog, feeds, want = _original_program()
+    real_run = CompiledProgram.run
+
+    def failing(self, inputs):
+        if any(k.params.get("library") for k in self.program.kernels):
+            raise RuntimeError("no such primitive")
+        return real_run(self, inputs)
+
+    monkeypatch.setattr(CompiledProgram, "run", failing)
+    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3)
+    assert kept is prog and decision is None and note is None
+
+
+@needs_onednn
 def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
     _, _, prog, feeds, want = _original_program()
     cache = CostCache(tmp_path / "costs.sqlite")

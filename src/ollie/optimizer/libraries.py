@@ -20,13 +20,17 @@ time the program again).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
 
+from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
+
+log = logging.getLogger(__name__)
 
 UNIFORM = ("oneDNN packed",)
 """Libraries tried for every convolution at once: oneDNN shares torch's thread pool with the
@@ -75,14 +79,18 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     variants = {n: prog if n == PER_OPERATOR else with_library(prog, n) for n in names}
     fns = {}
     for name, variant in variants.items():
-        compiled = CompiledProgram(variant, "cpu")
-        got = compiled.run(feeds)  # the first call makes the per-operator choices
+        try:
+            compiled = CompiledProgram(variant, "cpu")
+            got = compiled.run(feeds)  # the first call makes the per-operator choices
+        except (OllieError, RuntimeError, ValueError) as exc:  # a variant is optional
+            log.info("convolution libraries: %s failed to run: %s", name, exc)
+            continue
         if name != PER_OPERATOR and any(rel_err(got[o], want[o]) > rtol for o in want):
             continue
         fns[name] = (lambda c=compiled: c.run(feeds))
     if decided is not None and list(fns) == [decided]:
         return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
-    if len(fns) < 2:
+    if len(fns) < 2 or PER_OPERATOR not in fns:
         return prog, None, None
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
                                 max_seconds=MAX_SECONDS)
