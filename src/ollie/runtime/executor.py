@@ -20,6 +20,7 @@ every tensor using them (no fresh page faults for large outputs on every call).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -362,6 +363,9 @@ class CompiledProgram:
         self.cached = [(k.kind in OUT_KINDS or _writes_out(k)) and not p for k, p in
                        zip(kernels, self.pooled, strict=True)]
         self.pooled_names = {k.output for k, p in zip(kernels, self.pooled, strict=True) if p}
+        # output shapes and sizes, computed once (an expression's shape is derived per access)
+        self.shapes = [tuple(k.output_shape) for k in kernels]
+        self.numels = [math.prod(shape) for shape in self.shapes]
 
     def _new(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.buffers is not None:
@@ -381,16 +385,15 @@ class CompiledProgram:
             # kept so: every kernel reads it correctly, library convolutions without a copy
             env[name] = dense(t)
         pool: dict[int, list[torch.Tensor]] = {}
-        for k, fn, pooled, cached, release in zip(self.program.kernels, self.fns, self.pooled,
-                                                  self.cached, self.release, strict=True):
+        for k, fn, pooled, cached, release, shape, numel in zip(
+                self.program.kernels, self.fns, self.pooled, self.cached, self.release,
+                self.shapes, self.numels, strict=True):
             out = None
             if pooled:
-                numel = int(np.prod(k.output_shape))
                 free = pool.get(numel)
-                out = free.pop().view(tuple(k.output_shape)) if free else \
-                    self._new(tuple(k.output_shape))
+                out = free.pop().view(shape) if free else self._new(shape)
             elif cached and self.buffers is not None:
-                out = self.buffers.get(tuple(k.output_shape))
+                out = self.buffers.get(shape)
             env[k.output] = fn(env, out)
             for name in release:
                 t = env.pop(name, None)

@@ -14,6 +14,7 @@ The result always has ``kernel.output_shape`` (the shape of the kernel's express
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -58,7 +59,7 @@ def _input(kernel: Kernel, i: int, tensors: Mapping[str, torch.Tensor]) -> torch
 def _flat_identity(view: View, numel: int) -> bool:
     """Whether ``view`` reads every element of a ``numel``-element tensor in its flat order
     (offset 0, row-major strides; a size-1 dimension's stride does not matter)."""
-    if view.offset != 0 or int(np.prod(view.sizes)) != numel:
+    if view.offset != 0 or math.prod(view.sizes) != numel:
         return False
     expect = 1
     for size, stride in zip(reversed(view.sizes), reversed(view.strides), strict=True):
