@@ -29,6 +29,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
+from ollie.runtime.onednn import CONV_OPS
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,9 @@ MAX_SECONDS = 10.0
 PER_OPERATOR = "per operator"
 """The decision to keep each convolution's own measured choice."""
 
-CONV_NODES = ("Conv2d", "ConvTranspose2d")
-
-
 def is_library_conv(k: Kernel) -> bool:
     """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
-    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_NODES)
+    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)
 
 
 def with_library(prog: Program, library: str) -> Program:
@@ -74,8 +72,9 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
 
     if sum(is_library_conv(k) for k in prog.kernels) < 2:
         return prog, None, None
-    names = [PER_OPERATOR, *UNIFORM] if decided not in (PER_OPERATOR, *UNIFORM) else \
-        [decided]
+    if decided == PER_OPERATOR:  # nothing to check: ``prog`` as it is
+        return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
+    names = [decided] if decided in UNIFORM else [PER_OPERATOR, *UNIFORM]
     variants = {n: prog if n == PER_OPERATOR else with_library(prog, n) for n in names}
     fns = {}
     for name, variant in variants.items():

@@ -182,6 +182,9 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         return None
 
 
+CONV_OPS = ("Conv2d", "ConvTranspose2d")
+"""Graph operators :func:`node_runner` runs through :func:`best_conv`."""
+
 _CHOICES: dict[tuple, str] = {}
 """Per convolution configuration: the name of the implementation that measured fastest."""
 
@@ -290,7 +293,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     nodes."""
     from ollie.graph.execute import _pad4, _pair
 
-    if op not in ("Conv2d", "ConvTranspose2d") or not _usable(weight) or \
+    if op not in CONV_OPS or not _usable(weight) or \
             activation not in POST_OPS:
         return None
     top, left, bottom, right = _pad4(attrs.get("padding", 0))
