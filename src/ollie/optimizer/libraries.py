@@ -11,11 +11,14 @@ Runtime convolutions, two oneDNN) ran 0.90 ms, with every convolution on oneDNN 
 InfoGAN b16 and DCGAN b16 (one plain torch convolution among oneDNN ones) 3-7% slower.
 
 :func:`choose_libraries` therefore times the whole program with the per-operator choices
-against the program with every convolution on one library of :data:`UNIFORM` (in interleaved
-rounds, steady state), checks the uniform program against the reference outputs, and keeps
-the faster. The choice is recorded in the kernels' ``params["library"]``, so a saved program
-keeps it, and ``ollie.optimize`` stores it in the cost cache (a warm re-optimisation does not
-time the program again).
+against the program with every convolution on one library of :data:`UNIFORM` and against the
+program whose runs of library operators are ONNX Runtime regions
+(:mod:`ollie.runtime.ort_region`: one session per run, in ONNX Runtime's blocked layout from
+one convolution to the next), in interleaved rounds (steady state), checks each variant
+against the reference outputs, and keeps the fastest. The choice is recorded in the kernels'
+``params["library"]`` / ``params["region"]``, so a saved program keeps it, and
+``ollie.optimize`` stores it in the cost cache (a warm re-optimisation does not time the
+program again).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
+from ollie.runtime import ort_region
 from ollie.runtime.onednn import CONV_OPS
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,13 @@ MAX_SECONDS = 10.0
 PER_OPERATOR = "per operator"
 """The decision to keep each convolution's own measured choice."""
 
+REGIONS = ort_region.LIBRARY
+"""The decision to run each maximal run of library operators as one ONNX Runtime session
+(:mod:`ollie.runtime.ort_region`); convolutions outside the runs keep their own choice."""
+
+CHOICES = (*UNIFORM, REGIONS)
+"""The decisions timed against :data:`PER_OPERATOR`."""
+
 def is_library_conv(k: Kernel) -> bool:
     """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
     return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)
@@ -61,12 +72,13 @@ def with_library(prog: Program, library: str) -> Program:
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
                      decided: str | None = None) -> tuple[Program, str | None, str | None]:
-    """The faster of ``prog`` (per-operator library choices) and its uniform-library variants,
-    timed on ``feeds``; a variant must match ``want`` within ``rtol`` (relative to each
-    output's largest magnitude). ``decided``: a decision made before (a name of
-    :data:`UNIFORM` or ``"per operator"``, e.g. from the cost cache), applied without timing
-    (a uniform variant is still checked). Returns the program, the decision and a note (both
-    None when ``prog`` has fewer than two library convolutions: nothing to choose)."""
+    """The fastest of ``prog`` (per-operator library choices) and its variants of
+    :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
+    must match ``want`` within ``rtol`` (relative to each output's largest magnitude).
+    ``decided``: a decision made before (a name of :data:`CHOICES` or ``"per operator"``,
+    e.g. from the cost cache), applied without timing (a variant is still checked). Returns
+    the program, the decision and a note (both None when ``prog`` has fewer than two library
+    convolutions: nothing to choose)."""
     from ollie.runtime.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
@@ -74,8 +86,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         return prog, None, None
     if decided == PER_OPERATOR:  # nothing to check: ``prog`` as it is
         return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
-    names = [decided] if decided in UNIFORM else [PER_OPERATOR, *UNIFORM]
-    variants = {n: prog if n == PER_OPERATOR else with_library(prog, n) for n in names}
+    names = [decided] if decided in CHOICES else [PER_OPERATOR, *CHOICES]
+    variants = {n: v for n in names if (v := _variant(prog, n)) is not None}
     fns = {}
     for name, variant in variants.items():
         try:
@@ -98,8 +110,21 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     return variants[best], best, f"convolution libraries: {_label(best)} ({detail})"
 
 
+def _variant(prog: Program, name: str) -> Program | None:
+    """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
+    if name == PER_OPERATOR:
+        return prog
+    if name == REGIONS:
+        return ort_region.mark_regions(prog)
+    return with_library(prog, name)
+
+
 def _label(decision: str) -> str:
-    return "chosen per operator" if decision == PER_OPERATOR else f"all {decision}"
+    if decision == PER_OPERATOR:
+        return "chosen per operator"
+    if decision == REGIONS:
+        return "ONNX Runtime regions (others per operator)"
+    return f"all {decision}"
 
 
 def rel_err(got: object, want: torch.Tensor) -> float:

@@ -35,7 +35,7 @@ from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node, run_graph
 from ollie.ir import Expr
-from ollie.optimizer.libraries import choose_libraries, rel_err
+from ollie.optimizer.libraries import CHOICES, choose_libraries, rel_err
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -444,7 +444,9 @@ def _libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     doc = json.dumps([prog.inputs, prog.outputs,
                       [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
                        for kn in prog.kernels]], sort_keys=True)
-    key = f"libraries|{hashlib.sha256(doc.encode()).hexdigest()}|{device_key(cfg.device)}"
+    # the choices offered are part of the key: a new choice is timed, not skipped
+    key = f"libraries|{hashlib.sha256(doc.encode()).hexdigest()}|{'+'.join(CHOICES)}|" \
+        f"{device_key(cfg.device)}"
     decided = cache.get_decision(key) if cache is not None else None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided)
     if note:

@@ -7,7 +7,9 @@ callable, run in order on torch tensors, intermediate buffers reused.
   reference interpreter when asked (``backend="reference"``);
 * ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
 * ``Node`` kernels run one graph operator with the reference executor of :mod:`ollie.graph`
-  (operators Ollie does not rewrite, e.g. max pooling or softmax).
+  (operators Ollie does not rewrite, e.g. max pooling or softmax);
+* runs of kernels marked as an ONNX Runtime region (:mod:`ollie.runtime.ort_region`) run as
+  one ONNX Runtime session on the CPU.
 
 Buffer planning: an intermediate tensor's storage returns to a pool after its last reader ran
 and is reused by a later eOperator output of the same size, so a program allocates about its
@@ -338,9 +340,39 @@ class CompiledProgram:
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
         self.constants = {n: torch.tensor(np.asarray(v, dtype=np.float32), device=self.device)
                           for n, v in program.constants.items()}
-        self.fns = [compile_kernel(k, self.backend, self.constants) for k in program.kernels]
+        regions = self._regions()
+        self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
+                    for i, k in enumerate(program.kernels)]
+        self.in_region = [i in regions for i in range(len(program.kernels))]
         self.buffers = BufferCache() if self.device.type == "cpu" else None
         self._plan()
+
+    def _regions(self) -> dict[int, KernelFn]:
+        """Kernel functions of the program's ONNX Runtime regions
+        (:mod:`ollie.runtime.ort_region`, CPU only): the first kernel of a region runs its
+        session, which stores every output of the region in the environment; the region's
+        other kernels only pass their output on (None: read only inside the region). A region
+        that cannot be built runs kernel by kernel."""
+        if self.backend != "cpu":
+            return {}
+        from ollie.runtime import ort_region
+
+        fns: dict[int, KernelFn] = {}
+        for start, end in ort_region.groups(self.program):
+            region = ort_region.build_region(self.program, start, end, self.constants)
+            if region is None:
+                continue
+
+            def first(env: Env, out: torch.Tensor | None, r: ort_region.Region = region,
+                      name: str = self.program.kernels[start].output) -> torch.Tensor:
+                r.run(env)
+                return env.get(name)  # type: ignore[return-value]
+
+            fns[start] = first
+            for i in range(start + 1, end):
+                name = self.program.kernels[i].output
+                fns[i] = lambda env, out, name=name: env.get(name)  # type: ignore[misc]
+        return fns
 
     def _plan(self) -> None:
         """Which kernels write into a pooled buffer, and when buffers return to the pool."""
@@ -358,10 +390,11 @@ class CompiledProgram:
         aliased = {k.inputs[0] for k in kernels if k.kind == "Alias"}
         # buffers of aliased tensors stay alive through their aliases: never pooled
         self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
-                       k.output not in aliased for k in kernels]
+                       k.output not in aliased and not r
+                       for k, r in zip(kernels, self.in_region, strict=True)]
         # the other kernels that can write into a given buffer take one from the cache
-        self.cached = [(k.kind in OUT_KINDS or _writes_out(k)) and not p for k, p in
-                       zip(kernels, self.pooled, strict=True)]
+        self.cached = [(k.kind in OUT_KINDS or _writes_out(k)) and not p and not r
+                       for k, p, r in zip(kernels, self.pooled, self.in_region, strict=True)]
         self.pooled_names = {k.output for k, p in zip(kernels, self.pooled, strict=True) if p}
         # output shapes and sizes, computed once (an expression's shape is derived per access)
         self.shapes = [tuple(k.output_shape) for k in kernels]

@@ -1,0 +1,377 @@
+"""Runs of library operators executed as one ONNX Runtime session ("ONNX Runtime regions").
+
+A library convolution run by ONNX Runtime on its own (:mod:`ollie.runtime.ort_conv`) converts
+its NCHW input into MLAS's blocked layout and its output back on every call. ONNX Runtime run
+on a whole graph keeps the blocked layout from one convolution to the next (its NCHWc layout
+transformer), which on some CPUs is what makes it faster than oneDNN called per operator
+(ResNet-18 batch 16 on the 2-core AMD EPYC: ONNX Runtime 140 ms, every convolution through
+packed oneDNN 170 ms, the whole network in oneDNN's blocked layout through
+``torch.utils.mkldnn`` 189 ms; measured 2026-11-22).
+
+This module finds maximal runs of consecutive program kernels that ONNX can express
+(:func:`exportable`: graph operators kept as ``Node`` kernels such as convolutions with their
+fused bias / residual / activation, pooling, Gemm and element-wise operators, and library
+``Conv`` kernels with a constant weight), marks them in ``params["region"]``
+(:func:`mark_regions`), and builds for each run a session over a small ONNX model
+(:func:`build_region`): the run's inputs are the tensors it reads that earlier kernels (or the
+caller) produced, its constants are initializers, its outputs are the tensors later kernels or
+the program's caller read. Generated eOperators end a run: they stay Ollie's own kernels.
+
+Whether regions pay off is measured, not assumed: :func:`ollie.optimizer.libraries.
+choose_libraries` times the program with regions against the other library choices and
+checks it against the reference outputs. :class:`Region` is also checked when it is built
+against the kernels it replaces, run by Ollie's own executor on random inputs; a region that
+cannot be built or disagrees is not used (its kernels run one by one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+
+log = logging.getLogger(__name__)
+
+LIBRARY = "ONNX Runtime regions"
+"""The name of this choice in :mod:`ollie.optimizer.libraries` and in reports."""
+
+_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
+_SIMPLE = {"Relu": "Relu", "Tanh": "Tanh", "Sigmoid": "Sigmoid", "Add": "Add", "Sub": "Sub",
+           "Mul": "Mul", "Identity": "Identity", "GlobalAveragePool": "GlobalAveragePool"}
+"""Graph operators that map to the ONNX operator of the same meaning without attributes."""
+_CONVS = ("Conv2d", "ConvTranspose2d")
+_POOLS = ("MaxPool2d", "AvgPool2d")
+MIN_KERNELS = 2
+"""A region has at least this many kernels (one convolution alone is a per-operator choice of
+:func:`ollie.runtime.onednn.best_conv` already)."""
+
+
+def _pads(v: object) -> list[int]:
+    """ONNX ``pads`` (top, left, bottom, right) from a graph attribute."""
+    from ollie.graph.execute import _pad4
+
+    t, left, b, r = _pad4(v)
+    return [t, left, b, r]
+
+
+def _pair(v: object) -> list[int]:
+    from ollie.graph.execute import _pair as pair
+
+    return list(pair(v))
+
+
+def _flat(view: object, numel: int) -> bool:
+    from ollie.runtime.library import _flat_identity
+
+    return view is None or _flat_identity(view, numel)  # type: ignore[arg-type]
+
+
+def exportable(k: Kernel, constants: Mapping[str, object],
+               shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether kernel ``k`` can be one step of an ONNX Runtime region."""
+    p = k.params
+    act = p.get("activation")
+    if act and act not in _ACT:
+        return False
+    if k.kind == "Node":
+        node = p["node"]
+        op = node.op  # type: ignore[attr-defined]
+        if len(node.outputs) != 1:  # type: ignore[attr-defined]
+            return False
+        ins = list(k.inputs[:-1] if p.get("residual") else k.inputs)
+        if op in _CONVS:
+            return len(ins) in (2, 3) and all(n in constants for n in ins[1:]) and \
+                ins[0] not in constants
+        if p.get("residual"):
+            return False
+        return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
+            (op == "Flatten" and not act)
+    if k.kind == "Conv":
+        biases = int(p.get("bias") or 0)  # type: ignore[call-overload]
+        if k.inputs[1] not in constants or k.inputs[0] in constants or \
+                any(b not in constants for b in k.inputs[2:2 + biases]):
+            return False
+        views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
+        return _flat(views[0], int(np.prod(shapes[k.inputs[0]]))) and \
+            all(v is None for v in views[2:])
+    return False
+
+
+def _is_conv(k: Kernel) -> bool:
+    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in _CONVS)
+
+
+def spans(prog: Program) -> list[tuple[int, int]]:
+    """Maximal runs ``[start, end)`` of exportable kernels holding a convolution and at least
+    :data:`MIN_KERNELS` kernels."""
+    shapes = prog.tensor_shapes()
+    out, start = [], None
+    flags = [exportable(k, prog.constants, shapes) for k in prog.kernels] + [False]
+    for i, ok in enumerate(flags):
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            run = prog.kernels[start:i]
+            if len(run) >= MIN_KERNELS and any(_is_conv(k) for k in run):
+                out.append((start, i))
+            start = None
+    return out
+
+
+def mark_regions(prog: Program) -> Program | None:
+    """``prog`` with the kernels of each run of :func:`spans` marked ``params["region"] = n``
+    (the run's number), or None when there is no run."""
+    runs = spans(prog)
+    if not runs:
+        return None
+    region = {i: n for n, (a, b) in enumerate(runs) for i in range(a, b)}
+    kernels = [Kernel(k.kind, {**k.params, "region": region[i]}, k.inputs, k.output, k.expr,
+                      k.views, k.shape) if i in region else k
+               for i, k in enumerate(prog.kernels)]
+    return Program(prog.inputs, prog.outputs, kernels, prog.constants)
+
+
+def groups(prog: Program) -> list[tuple[int, int]]:
+    """The marked regions of ``prog``: runs ``[start, end)`` of consecutive kernels with the
+    same ``params["region"]``."""
+    out: list[tuple[int, int]] = []
+    current, start = None, 0
+    marks = [k.params.get("region") for k in prog.kernels] + [None]
+    for i, mark in enumerate(marks):
+        if mark != current:
+            if current is not None:
+                out.append((start, i))
+            current, start = mark, i
+    return out
+
+
+class _Builder:
+    """Accumulates the ONNX nodes and initializers of one region."""
+
+    def __init__(self, constants: Mapping[str, torch.Tensor],
+                 shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.constants, self.shapes = constants, shapes
+        self.nodes: list = []
+        self.inits: dict[str, np.ndarray] = {}
+        self.count = 0
+
+    def fresh(self, base: str) -> str:
+        self.count += 1
+        return f"_r{self.count}_{base}"
+
+    def const(self, name: str, value: np.ndarray | None = None) -> str:
+        """An initializer: the program constant ``name``, or ``value`` under a fresh name."""
+        if value is None:
+            self.inits[name] = np.ascontiguousarray(
+                np.asarray(self.constants[name], dtype=np.float32))
+            return name
+        fresh = self.fresh(name)
+        self.inits[fresh] = value
+        return fresh
+
+    def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str:
+        from onnx import helper
+
+        out = self.fresh(base)
+        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
+        return out
+
+    def reshape(self, name: str, shape: Sequence[int]) -> str:
+        if tuple(self.shapes.get(name, ())) == tuple(shape):
+            return name
+        target = self.const("shape", np.asarray(list(shape), dtype=np.int64))
+        return self.node("Reshape", [name, target], "reshaped")
+
+    def epilogue(self, y: str, k: Kernel, residual: str | None) -> str:
+        if residual is not None:
+            y = self.node("Add", [y, residual], "sum")
+        act = k.params.get("activation")
+        return self.node(_ACT[str(act)], [y], "act") if act else y
+
+    def add(self, k: Kernel) -> str:
+        """The ONNX nodes of kernel ``k``; returns the name of its (natural-shape) result."""
+        p = k.params
+        if k.kind == "Conv":
+            return self._conv_kernel(k)
+        node = p["node"]
+        op, attrs = node.op, dict(node.attrs)  # type: ignore[attr-defined]
+        residual = k.inputs[-1] if p.get("residual") else None
+        ins = [self.const(n) if n in self.constants else n
+               for n in (k.inputs[:-1] if residual else k.inputs)]
+        if op in _CONVS:
+            w = self.inits[ins[1]]
+            kw: dict[str, object] = dict(
+                strides=_pair(attrs.get("stride", 1)), pads=_pads(attrs.get("padding", 0)),
+                dilations=_pair(attrs.get("dilation", 1)), group=int(attrs.get("groups", 1)),
+                kernel_shape=list(w.shape[2:]))
+            if op == "ConvTranspose2d":
+                kw["output_padding"] = _pair(attrs.get("output_padding", 0))
+            y = self.node("Conv" if op == "Conv2d" else "ConvTranspose", ins, "conv", **kw)
+        elif op in _POOLS:
+            kernel = _pair(attrs["kernel_size"])
+            stride = kernel if attrs.get("stride") is None else _pair(attrs["stride"])
+            kw = dict(kernel_shape=kernel, strides=stride, pads=_pads(attrs.get("padding", 0)),
+                      ceil_mode=int(bool(attrs.get("ceil_mode", False))))
+            if op == "MaxPool2d":
+                kw["dilations"] = _pair(attrs.get("dilation", 1))
+                y = self.node("MaxPool", ins, "pool", **kw)
+            else:
+                kw["count_include_pad"] = int(bool(attrs.get("count_include_pad", True)))
+                y = self.node("AveragePool", ins, "pool", **kw)
+        elif op == "Gemm":
+            kw = {a: attrs[a] for a in ("transA", "transB") if a in attrs}
+            kw.update({a: float(attrs[a]) for a in ("alpha", "beta") if a in attrs})
+            y = self.node("Gemm", ins, "gemm", **kw)
+        elif op == "Flatten":
+            y = self.node("Flatten", ins, "flat", axis=int(attrs.get("axis", 1)))
+        else:
+            y = self.node(_SIMPLE[op], ins, op.lower())
+        y = self.epilogue(y, k, residual)
+        self.shapes[y] = tuple(k.output_shape)
+        return y
+
+    def _conv_kernel(self, k: Kernel) -> str:
+        from ollie.runtime import library
+
+        p = k.params
+        n, c, h, w, f = (int(p[a]) for a in ("n", "c", "h", "w", "f"))
+        x = self.reshape(k.inputs[0], (n, c, h, w))
+        weight = library._input(k, 1, self.constants).detach().float()
+        alpha = float(p.get("alpha", 1.0))
+        if alpha != 1.0:
+            weight = weight * alpha
+        names = [x, self.const("weight", weight.reshape(f, c, int(p["r"]), int(p["s"]))
+                               .contiguous().numpy())]
+        biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
+        if biases:
+            bias = sum(np.asarray(self.constants[b], dtype=np.float32).reshape(-1)
+                       for b in biases)
+            names.append(self.const("bias", np.asarray(bias, dtype=np.float32)))
+        pads = [int(p["ph"]), int(p["pw"]), int(p.get("ph_end", p["ph"])),
+                int(p.get("pw_end", p["pw"]))]
+        y = self.node("Conv", names, "conv", strides=[int(p["sh"]), int(p["sw"])], pads=pads,
+                      dilations=[int(p["dh"]), int(p["dw"])], group=1,
+                      kernel_shape=[int(p["r"]), int(p["s"])])
+        ho = (h + pads[0] + pads[2] - int(p["dh"]) * (int(p["r"]) - 1) - 1) // int(p["sh"]) + 1
+        wo = (w + pads[1] + pads[3] - int(p["dw"]) * (int(p["s"]) - 1) - 1) // int(p["sw"]) + 1
+        natural = (n, f, ho, wo)
+        self.shapes[y] = natural
+        residual = k.inputs[-1] if p.get("residual") else None
+        if residual is not None:  # read in the convolution's NCHW shape
+            residual = self.reshape(residual, natural)
+        y = self.epilogue(y, k, residual)
+        self.shapes[y] = natural
+        return y
+
+
+class Region:
+    """One ONNX Runtime session running kernels ``[start, end)`` of a program: ``run(env)``
+    reads the region's inputs from ``env`` and stores its outputs there."""
+
+    def __init__(self, session: object, inputs: list[str], outputs: list[str]) -> None:
+        self.session, self.inputs, self.outputs = session, inputs, outputs
+        self._names = [f"in{i}" for i in range(len(inputs))]
+
+    def run(self, env: dict[str, torch.Tensor]) -> None:
+        feed = {slot: env[n].detach().contiguous().numpy()
+                for slot, n in zip(self._names, self.inputs, strict=True)}
+        for name, y in zip(self.outputs, self.session.run(None, feed), strict=True):
+            env[name] = torch.from_numpy(y)
+
+
+def build_region(prog: Program, start: int, end: int,
+                 constants: Mapping[str, torch.Tensor]) -> Region | None:
+    """The session running ``prog.kernels[start:end]``, or None when ONNX Runtime is missing,
+    rejects the model, or the session disagrees with the kernels run one by one."""
+    kernels = prog.kernels[start:end]
+    shapes = prog.tensor_shapes()
+    produced = {k.output for k in kernels}
+    inputs: list[str] = []
+    for k in kernels:
+        for n in k.inputs:
+            if n not in produced and n not in constants and n not in inputs:
+                inputs.append(n)
+    later = {n for k in prog.kernels[end:] for n in k.inputs} | set(prog.outputs)
+    outputs = [k.output for k in kernels if k.output in later]
+    if not outputs:
+        return None
+    try:
+        session = _session(kernels, constants, shapes, inputs, outputs)
+    except Exception as exc:  # an optional backend: the kernels then run one by one
+        log.info("no ONNX Runtime region for kernels %d..%d: %s", start, end - 1, exc)
+        return None
+    region = Region(session, inputs, outputs)
+    if not _agrees(region, prog, start, end, constants, shapes):
+        log.warning("an ONNX Runtime region (kernels %d..%d) disagrees with its kernels; "
+                    "not used", start, end - 1)
+        return None
+    return region
+
+
+def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
+             shapes: Mapping[str, tuple[int, ...]], inputs: list[str],
+             outputs: list[str]) -> object:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rename: dict[str, str] = {n: f"in{i}" for i, n in enumerate(inputs)}
+    b = _Builder(constants, {rename[n]: tuple(shapes[n]) for n in inputs})
+    for k in kernels:
+        # each kernel reads region inputs and earlier results under their ONNX names
+        y = b.add(Kernel(k.kind, k.params, tuple(rename.get(n, n) for n in k.inputs),
+                         k.output, k.expr, k.views, k.shape))
+        rename[k.output] = b.reshape(y, tuple(k.output_shape))
+    graph_outputs = [helper.make_tensor_value_info(rename[n], TensorProto.FLOAT,
+                                                   list(shapes[n])) for n in outputs]
+    graph = helper.make_graph(
+        b.nodes, "ollie_region",
+        [helper.make_tensor_value_info(rename[n], TensorProto.FLOAT, list(shapes[n]))
+         for n in inputs],
+        graph_outputs, [numpy_helper.from_array(v, n) for n, v in b.inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = torch.get_num_threads()
+    so.inter_op_num_threads = 1
+    # no busy-waiting: the cores go to the program's next kernel
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def _agrees(region: Region, prog: Program, start: int, end: int,
+            constants: Mapping[str, torch.Tensor],
+            shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether ``region`` computes what Ollie's executor computes for the same kernels, on
+    random inputs (relative error 1e-3 of each output's largest magnitude)."""
+    from ollie.runtime.executor import compile_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    env: dict[str, torch.Tensor] = dict(constants)
+    for n in region.inputs:
+        env[n] = torch.randn(shapes[n], generator=gen)
+    ref = dict(env)
+    with torch.inference_mode():
+        for k in prog.kernels[start:end]:
+            plain = Kernel(k.kind, {p: v for p, v in k.params.items() if p != "region"},
+                           k.inputs, k.output, k.expr, k.views, k.shape)
+            ref[k.output] = compile_kernel(plain, "cpu", constants)(ref, None)
+        region.run(env)
+    for n in region.outputs:
+        want, got = ref[n].double(), env[n].double()
+        scale = float(want.abs().max()) + 1e-6
+        if got.shape != want.shape or float((got - want).abs().max()) > 1e-3 * scale:
+            return False
+    return True
+
+
+__all__ = ["LIBRARY", "Region", "build_region", "exportable", "groups", "mark_regions",
+           "spans"]

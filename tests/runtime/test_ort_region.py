@@ -1,0 +1,208 @@
+"""ONNX Runtime regions: runs of library operators found and marked, exported to one session
+that matches the module and the kernels it replaces, kept through save / load; a region that
+cannot be built or disagrees runs kernel by kernel; eOperators end a run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ollie
+from ollie.graph import run_graph
+from ollie.optimizer.libraries import CHOICES, REGIONS, choose_libraries
+from ollie.optimizer.model import OptimizedModel
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+from ollie.runtime import ort_region
+from ollie.runtime.executor import CompiledProgram
+
+pytest.importorskip("onnxruntime")
+
+
+class _Block(nn.Module):
+    """conv + BN + ReLU, conv + BN, a strided 1x1 shortcut, residual add, ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                               nn.BatchNorm2d(cout), nn.ReLU(),
+                               nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = nn.Conv2d(cin, cout, 1, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.a(x) + self.skip(x))
+
+
+def _net() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(7)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                      _Block(8, 16, 2), nn.AvgPool2d(2), nn.Flatten(),
+                      nn.Linear(16 * 3 * 3, 10)).eval()
+    for mod in m.modules():  # non-trivial BatchNorm statistics
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+    return m, torch.randn(2, 3, 24, 24)
+
+
+def _optimized(m: nn.Module, x: torch.Tensor) -> Program:
+    """``m`` optimised with its original operators kept (no candidate measured): graph
+    operators with the activations, biases and residual additions post-processing fused."""
+    return ollie.optimize(m, (x,), "cpu", time_budget=3.0, max_depth=0, max_candidates=0,
+                          use_cache=False, choose_libraries=False).program
+
+
+def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
+    m, x = _net()
+    prog = _optimized(m, x)
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None
+    runs = ort_region.groups(marked)
+    assert runs == ort_region.spans(prog)
+    for start, end in runs:
+        run = marked.kernels[start:end]
+        assert len(run) >= ort_region.MIN_KERNELS
+        assert all(k.params["region"] == run[0].params["region"] for k in run)
+        assert all(k.kind in ("Node", "Conv") for k in run)
+    compiled = CompiledProgram(marked)
+    assert any(compiled.in_region)  # the sessions were built and checked
+    with torch.inference_mode():
+        want = m(x)
+    torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+    # a second call reuses the environment's buffers correctly
+    torch.testing.assert_close(compiled(x * 2), m(x * 2), rtol=1e-4, atol=1e-4)
+    OptimizedModel(marked, input_names=tuple(n for n, _ in marked.inputs)).save(tmp_path)
+    loaded = ollie.load(tmp_path)
+    assert [k.params.get("region") for k in loaded.program.kernels] == \
+        [k.params.get("region") for k in marked.kernels]
+    torch.testing.assert_close(loaded(x), want, rtol=1e-4, atol=1e-4)
+
+
+def _node_program(m: nn.Module, x: torch.Tensor) -> tuple[Program, dict, dict]:
+    """The program of ``m``'s original operators (one ``Node`` kernel each), feeds and the
+    reference outputs of the graph executor."""
+    from ollie.optimizer.model import OptimizeConfig, _Optimizer, to_graph
+
+    graph = to_graph(m, (x,))
+    opt = _Optimizer(graph, OptimizeConfig(use_cache=False), None)
+    kernels = [k for n in graph.nodes for k in opt.node_kernel(n)]
+    prog = Program(tuple((n, tuple(graph.shape(n))) for n in graph.input_names),
+                   tuple(graph.outputs), kernels, dict(graph.initializers))
+    feeds = {graph.input_names[0]: x}
+    return prog, feeds, run_graph(graph, feeds)
+
+
+@pytest.mark.parametrize("layers", [
+    # grouped, dilated, strided, asymmetric sizes
+    [nn.Conv2d(4, 8, 3, stride=2, padding=2, dilation=2, groups=2), nn.Sigmoid(),
+     nn.Conv2d(8, 6, (1, 3), padding=(0, 1))],
+    # transposed convolutions with output padding, tanh, average pooling without the padding
+    [nn.ConvTranspose2d(4, 6, 4, stride=2, padding=1), nn.Tanh(),
+     nn.ConvTranspose2d(6, 3, 3, stride=2, padding=1, output_padding=1),
+     nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)],
+    # max pooling with ceil mode between convolutions
+    [nn.Conv2d(4, 5, 3), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True), nn.Conv2d(5, 2, 1)],
+])
+def test_operator_attributes_are_exported_exactly(layers):
+    torch.manual_seed(11)
+    m = nn.Sequential(*layers).eval()
+    prog, feeds, want = _node_program(m, torch.randn(2, 4, 11, 9))
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and len(ort_region.groups(marked)) == 1
+    compiled = CompiledProgram(marked)
+    assert all(compiled.in_region)
+    got = compiled.run(feeds)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, rtol=1e-4, atol=1e-5)
+
+
+def test_eoperators_and_non_constant_weights_end_a_run():
+    m, x = _net()
+    prog, _, _ = _node_program(m, x)
+    shapes = prog.tensor_shapes()
+    conv = next(k for k in prog.kernels if k.params.get("op") == "Conv2d")
+    assert ort_region.exportable(conv, prog.constants, shapes)
+    # the same convolution with its weight computed at run time
+    assert not ort_region.exportable(conv, {}, shapes)
+    x_name, (n, c, h, w) = conv.inputs[0], shapes[conv.inputs[0]]
+    eop = Kernel("eOp", {}, (x_name,), "y", ollie.parse(
+        f"{x_name}: [{n}, {c}, {h}, {w}]\n"
+        f"L<n=0:{n}, c=0:{c}, h=0:{h}, w=0:{w}> {x_name}[n, c, h, w] * 2.0"))
+    assert not ort_region.exportable(eop, prog.constants, shapes)
+    # a run of one kernel is no region
+    assert ort_region.spans(Program(prog.inputs, (conv.output,), [conv], prog.constants)) == []
+
+
+def test_a_region_that_fails_or_disagrees_runs_kernel_by_kernel(monkeypatch, caplog):
+    m, x = _net()
+    prog = ort_region.mark_regions(_optimized(m, x))
+    assert prog is not None
+    with torch.inference_mode():
+        want = m(x)
+    real_run = ort_region.Region.run
+
+    def wrong(self, env):
+        real_run(self, env)
+        for n in self.outputs:
+            env[n] = env[n] + 1.0
+
+    monkeypatch.setattr(ort_region.Region, "run", wrong)
+    compiled = CompiledProgram(prog)
+    assert not any(compiled.in_region)
+    assert "disagrees" in caplog.text
+    torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(ort_region.Region, "run", real_run)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("onnxruntime refused the model")
+
+    monkeypatch.setattr(ort_region, "_session", broken)
+    compiled = CompiledProgram(prog)
+    assert not any(compiled.in_region)
+    torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_library_choice_offers_regions_and_applies_a_decided_one():
+    m, x = _net()
+    prog = _optimized(m, x)
+    assert REGIONS in CHOICES
+    feeds = {prog.inputs[0][0]: x}
+    with torch.inference_mode():
+        want = {prog.outputs[0]: m(x)}
+    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, decided=REGIONS)
+    assert decision == REGIONS and note.endswith("(cached)")
+    assert any("region" in k.params for k in kept.kernels)
+    wrong = {n: t + 1.0 for n, t in want.items()}
+    kept, decision, _ = choose_libraries(prog, feeds, wrong, 1e-3, decided=REGIONS)
+    assert kept is prog and decision is None
+
+
+def test_a_library_conv_kernel_with_a_following_operator_is_a_region():
+    """A ``Conv`` kernel of a derived candidate (constant weight) followed by a graph operator:
+    exported from the kernel's parameters, checked against the reference interpreter."""
+    import numpy as np
+
+    from ollie.graph.ir import Node
+    from ollie.optimizer.select import candidate_program
+    from ollie.semantics.check import random_inputs
+
+    expr = ollie.parse("A: [2, 6, 9, 7]\nK: [5, 6, 3, 3]\n"
+                       "L<n=0:2, f=0:5, h=0:7, w=0:5> Sum<c=0:6, r=0:3, s=0:3> "
+                       "A[n, c, h+r, w+s] * K[f, c, r, s]")
+    inputs = random_inputs(expr, seed=2)
+    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    cand = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"])
+    conv_prog = candidate_program(cand, expr, {"K": inputs["K"]})
+    y = conv_prog.outputs[0]
+    relu = Kernel("Node", {"node": Node("Relu", (y,), ("z",)), "op": "Relu"}, (y,), "z",
+                  None, shape=tuple(expr.shape))
+    prog = Program(conv_prog.inputs, ("z",), [*conv_prog.kernels, relu],
+                   conv_prog.constants)
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and ort_region.groups(marked) == [(0, len(prog.kernels))]
+    compiled = CompiledProgram(marked)
+    assert all(compiled.in_region)
+    got = compiled.run({"A": inputs["A"]})["z"].numpy()
+    np.testing.assert_allclose(got, np.maximum(ollie.interpret(expr, inputs), 0), rtol=1e-4,
+                               atol=1e-4)
