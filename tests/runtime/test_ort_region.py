@@ -206,3 +206,49 @@ def test_a_library_conv_kernel_with_a_following_operator_is_a_region():
     got = compiled.run({"A": inputs["A"]})["z"].numpy()
     np.testing.assert_allclose(got, np.maximum(ollie.interpret(expr, inputs), 0), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_building_a_region_times_no_library_choice(monkeypatch):
+    """The check of a region runs its kernels with PyTorch's plain operators: a warm
+    re-optimisation that applies a cached region decision measures nothing."""
+    from ollie.runtime import onednn
+
+    m, x = _net()
+    prog = ort_region.mark_regions(_optimized(m, x))
+    assert prog is not None
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a library choice was timed")
+
+    monkeypatch.setattr(onednn, "fastest", no_timing)
+    start, end = ort_region.groups(prog)[0]
+    consts = {n: torch.as_tensor(v) for n, v in prog.constants.items()}
+    assert ort_region.build_region(prog, start, end, consts) is not None
+
+
+def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
+    from ollie.optimizer.libraries import REGIONS_ONEDNN, _variant, is_library_conv
+
+    m, x = _net()
+    prog = _optimized(m, x)
+    assert _variant(prog, REGIONS_ONEDNN) is None  # every convolution is in a region
+    # an eOperator between the convolutions leaves the first alone (a run of one kernel)
+    first = next(i for i, k in enumerate(prog.kernels) if is_library_conv(k))
+    k = prog.kernels[first]
+    shape = k.output_shape
+    dims = ", ".join(f"d{i}=0:{s}" for i, s in enumerate(shape))
+    idx = ", ".join(f"d{i}" for i in range(len(shape)))
+    copy = Kernel("eOp", {}, (k.output,), k.output + "_copy", ollie.parse(
+        f"{k.output}: {list(shape)}\nL<{dims}> {k.output}[{idx}] * 1.0"))
+    rest = [kn if k.output not in kn.inputs else
+            Kernel(kn.kind, kn.params, tuple(k.output + "_copy" if n == k.output else n
+                                             for n in kn.inputs), kn.output, kn.expr,
+                   kn.views, kn.shape) for kn in prog.kernels[first + 1:]]
+    split = Program(prog.inputs, prog.outputs, [*prog.kernels[:first + 1], copy, *rest],
+                    prog.constants)
+    variant = _variant(split, REGIONS_ONEDNN)
+    assert variant is not None
+    outside = [kn for kn in variant.kernels if is_library_conv(kn) and "region" not in kn.params]
+    assert outside and all(kn.params["library"] == "oneDNN packed" for kn in outside)
+    with torch.inference_mode():
+        torch.testing.assert_close(CompiledProgram(variant)(x), m(x), rtol=1e-4, atol=1e-4)

@@ -54,7 +54,12 @@ REGIONS = ort_region.LIBRARY
 """The decision to run each maximal run of library operators as one ONNX Runtime session
 (:mod:`ollie.runtime.ort_region`); convolutions outside the runs keep their own choice."""
 
-CHOICES = (*UNIFORM, REGIONS)
+REGIONS_ONEDNN = f"{REGIONS} + oneDNN packed"
+"""ONNX Runtime regions with every convolution outside them on oneDNN: a per-operator ONNX
+Runtime convolution between torch kernels pays for OpenMP threads that still busy-wait
+(GCN b16, 2026-11-22: per operator 852 ms, oneDNN 640 ms, regions 572 ms)."""
+
+CHOICES = (*UNIFORM, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
 
 def is_library_conv(k: Kernel) -> bool:
@@ -114,8 +119,12 @@ def _variant(prog: Program, name: str) -> Program | None:
     """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
     if name == PER_OPERATOR:
         return prog
-    if name == REGIONS:
-        return ort_region.mark_regions(prog)
+    if name in (REGIONS, REGIONS_ONEDNN):
+        marked = ort_region.mark_regions(prog)
+        if marked is None or name == REGIONS:
+            return marked
+        outside = any(is_library_conv(k) and "region" not in k.params for k in marked.kernels)
+        return with_library(marked, UNIFORM[0]) if outside else None  # else: as REGIONS
     return with_library(prog, name)
 
 
@@ -123,7 +132,9 @@ def _label(decision: str) -> str:
     if decision == PER_OPERATOR:
         return "chosen per operator"
     if decision == REGIONS:
-        return "ONNX Runtime regions (others per operator)"
+        return f"{REGIONS} (others per operator)"
+    if decision == REGIONS_ONEDNN:
+        return f"{REGIONS} (others oneDNN packed)"
     return f"all {decision}"
 
 

@@ -20,8 +20,9 @@ the program's caller read. Generated eOperators end a run: they stay Ollie's own
 Whether regions pay off is measured, not assumed: :func:`ollie.optimizer.libraries.
 choose_libraries` times the program with regions against the other library choices and
 checks it against the reference outputs. :class:`Region` is also checked when it is built
-against the kernels it replaces, run by Ollie's own executor on random inputs; a region that
-cannot be built or disagrees is not used (its kernels run one by one).
+against the kernels it replaces, run one by one by Ollie's executor with PyTorch's plain
+operators on random inputs; a region that cannot be built or disagrees is not used (its
+kernels run one by one).
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def exportable(k: Kernel, constants: Mapping[str, object],
         if k.inputs[1] not in constants or k.inputs[0] in constants or \
                 any(b not in constants for b in k.inputs[2:2 + biases]):
             return False
+        if min(int(p.get(a, p[a.removesuffix("_end")]))  # type: ignore[call-overload]
+               for a in ("ph", "pw", "ph_end", "pw_end")) < 0:
+            return False  # a crop: ONNX pads are non-negative
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
         return _flat(views[0], int(np.prod(shapes[k.inputs[0]]))) and \
             all(v is None for v in views[2:])
@@ -350,8 +354,9 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
 def _agrees(region: Region, prog: Program, start: int, end: int,
             constants: Mapping[str, torch.Tensor],
             shapes: Mapping[str, tuple[int, ...]]) -> bool:
-    """Whether ``region`` computes what Ollie's executor computes for the same kernels, on
-    random inputs (relative error 1e-3 of each output's largest magnitude)."""
+    """Whether ``region`` computes what Ollie's executor computes for the same kernels run one
+    by one with PyTorch's plain operators, on random inputs (relative error 1e-3 of each
+    output's largest magnitude)."""
     from ollie.runtime.executor import compile_kernel
 
     gen = torch.Generator().manual_seed(0)
@@ -363,7 +368,8 @@ def _agrees(region: Region, prog: Program, start: int, end: int,
         for k in prog.kernels[start:end]:
             plain = Kernel(k.kind, {p: v for p, v in k.params.items() if p != "region"},
                            k.inputs, k.output, k.expr, k.views, k.shape)
-            ref[k.output] = compile_kernel(plain, "cpu", constants)(ref, None)
+            # without ``constants``: torch's plain operators, no library choice timed
+            ref[k.output] = compile_kernel(plain, "cpu", None)(ref, None)
         region.run(env)
     for n in region.outputs:
         want, got = ref[n].double(), env[n].double()
