@@ -189,7 +189,9 @@ class _Builder:
         if tuple(self.shapes.get(name, ())) == tuple(shape):
             return name
         target = self.const("shape", np.asarray(list(shape), dtype=np.int64))
-        return self.node("Reshape", [name, target], "reshaped")
+        out = self.node("Reshape", [name, target], "reshaped")
+        self.shapes[out] = tuple(shape)
+        return out
 
     def epilogue(self, y: str, k: Kernel, residual: str | None) -> str:
         if residual is not None:
@@ -204,9 +206,8 @@ class _Builder:
             return self._conv_kernel(k)
         node = p["node"]
         op, attrs = node.op, dict(node.attrs)  # type: ignore[attr-defined]
-        residual = k.inputs[-1] if p.get("residual") else None
-        ins = [self.const(n) if n in self.constants else n
-               for n in (k.inputs[:-1] if residual else k.inputs)]
+        ins = [self.const(n) if n in self.constants else n for n in k.inputs]
+        residual = ins.pop() if p.get("residual") else None
         if op in _CONVS:
             w = self.inits[ins[1]]
             kw: dict[str, object] = dict(
@@ -266,11 +267,18 @@ class _Builder:
         natural = (n, f, ho, wo)
         self.shapes[y] = natural
         residual = k.inputs[-1] if p.get("residual") else None
+        if residual is not None and residual in self.constants:
+            residual = self.const(residual)
         if residual is not None:  # read in the convolution's NCHW shape
             residual = self.reshape(residual, natural)
         y = self.epilogue(y, k, residual)
         self.shapes[y] = natural
         return y
+
+
+def _slot(i: int) -> str:
+    """The ONNX name of a region's input ``i`` (apart from the program's tensor names)."""
+    return f"_region_in{i}"
 
 
 class Region:
@@ -279,7 +287,7 @@ class Region:
 
     def __init__(self, session: object, inputs: list[str], outputs: list[str]) -> None:
         self.session, self.inputs, self.outputs = session, inputs, outputs
-        self._names = [f"in{i}" for i in range(len(inputs))]
+        self._names = [_slot(i) for i in range(len(inputs))]
 
     def run(self, env: dict[str, torch.Tensor]) -> None:
         feed = {slot: env[n].detach().contiguous().numpy()
@@ -324,7 +332,7 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    rename: dict[str, str] = {n: f"in{i}" for i, n in enumerate(inputs)}
+    rename: dict[str, str] = {n: _slot(i) for i, n in enumerate(inputs)}
     b = _Builder(constants, {rename[n]: tuple(shapes[n]) for n in inputs})
     for k in kernels:
         # each kernel reads region inputs and earlier results under their ONNX names
