@@ -18,10 +18,11 @@ from ollie.optimizer.libraries import (
     is_library_conv,
     with_library,
 )
-from ollie.optimizer.model import OptimizeConfig, OptimizedModel, _libraries, _Optimizer, to_graph
+from ollie.optimizer.model import OptimizeConfig, OptimizedModel, _libraries, to_graph
 from ollie.program.program import Program
 from ollie.runtime import onednn
 from ollie.runtime.executor import CompiledProgram
+from ollie.testing.programs import original_program
 from ollie.tune.cache import CostCache
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
@@ -34,13 +35,8 @@ def _original_program() -> tuple[nn.Module, torch.Tensor, Program, dict, dict]:
     m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
                       nn.ConvTranspose2d(8, 3, 4, stride=2, padding=1), nn.Tanh()).eval()
     x = torch.randn(1, 4, 12, 12)
-    graph = to_graph(m, (x,))
-    opt = _Optimizer(graph, OptimizeConfig(use_cache=False), None)
-    kernels = [k for n in graph.nodes for k in opt.node_kernel(n)]
-    prog = Program(tuple((n, tuple(graph.shape(n))) for n in graph.input_names),
-                   tuple(graph.outputs), kernels, dict(graph.initializers))
-    feeds = {graph.input_names[0]: x}
-    return m, x, prog, feeds, run_graph(graph, feeds)
+    prog, feeds, want = original_program(m, x)
+    return m, x, prog, feeds, want
 
 
 @needs_onednn

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 import ollie
-from ollie.graph import run_graph
 from ollie.optimizer.libraries import CHOICES, REGIONS, choose_libraries
 from ollie.optimizer.model import OptimizedModel
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import ort_region
 from ollie.runtime.executor import CompiledProgram
+from ollie.testing.programs import original_program
 
 pytest.importorskip("onnxruntime")
 
@@ -79,20 +79,6 @@ def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
     torch.testing.assert_close(loaded(x), want, rtol=1e-4, atol=1e-4)
 
 
-def _node_program(m: nn.Module, x: torch.Tensor) -> tuple[Program, dict, dict]:
-    """The program of ``m``'s original operators (one ``Node`` kernel each), feeds and the
-    reference outputs of the graph executor."""
-    from ollie.optimizer.model import OptimizeConfig, _Optimizer, to_graph
-
-    graph = to_graph(m, (x,))
-    opt = _Optimizer(graph, OptimizeConfig(use_cache=False), None)
-    kernels = [k for n in graph.nodes for k in opt.node_kernel(n)]
-    prog = Program(tuple((n, tuple(graph.shape(n))) for n in graph.input_names),
-                   tuple(graph.outputs), kernels, dict(graph.initializers))
-    feeds = {graph.input_names[0]: x}
-    return prog, feeds, run_graph(graph, feeds)
-
-
 @pytest.mark.parametrize("layers", [
     # grouped, dilated, strided, asymmetric sizes
     [nn.Conv2d(4, 8, 3, stride=2, padding=2, dilation=2, groups=2), nn.Sigmoid(),
@@ -107,7 +93,7 @@ def _node_program(m: nn.Module, x: torch.Tensor) -> tuple[Program, dict, dict]:
 def test_operator_attributes_are_exported_exactly(layers):
     torch.manual_seed(11)
     m = nn.Sequential(*layers).eval()
-    prog, feeds, want = _node_program(m, torch.randn(2, 4, 11, 9))
+    prog, feeds, want = original_program(m, torch.randn(2, 4, 11, 9))
     marked = ort_region.mark_regions(prog)
     assert marked is not None and len(ort_region.groups(marked)) == 1
     compiled = CompiledProgram(marked)
@@ -119,7 +105,7 @@ def test_operator_attributes_are_exported_exactly(layers):
 
 def test_eoperators_and_non_constant_weights_end_a_run():
     m, x = _net()
-    prog, _, _ = _node_program(m, x)
+    prog, _, _ = original_program(m, x)
     shapes = prog.tensor_shapes()
     conv = next(k for k in prog.kernels if k.params.get("op") == "Conv2d")
     assert ort_region.exportable(conv, prog.constants, shapes)

@@ -26,6 +26,26 @@ Conv = Callable[..., torch.Tensor]
 _ONNX_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 
 
+def session(graph: object) -> object:
+    """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 17, checked first): every graph
+    optimisation, PyTorch's number of threads, and no busy-waiting between runs (spinning
+    threads would take the cores from the program's next kernel)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = torch.get_num_threads()
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
 def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
              input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
              dilation: tuple[int, int], groups: int = 1,
@@ -38,8 +58,6 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     if op not in ("Conv2d", "ConvTranspose2d") or (activation and activation not in _ONNX_ACT):
         return None
     try:
-        import onnx
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
         w = weight.detach().cpu().float().contiguous()
@@ -72,16 +90,7 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         graph = helper.make_graph(
             nodes, "conv", inputs,
             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        onnx.checker.check_model(model)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = torch.get_num_threads()
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = ort.InferenceSession(model.SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
+        sess = session(graph)
     except Exception as exc:  # an unavailable backend is only skipped
         log.info("no ONNX Runtime convolution for input %s: %s", list(input_shape), exc)
         return None
@@ -106,4 +115,4 @@ def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         return None
 
 
-__all__ = ["ort_conv"]
+__all__ = ["ort_conv", "session"]

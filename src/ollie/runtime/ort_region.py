@@ -328,8 +328,6 @@ def build_region(prog: Program, start: int, end: int,
 def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
              shapes: Mapping[str, tuple[int, ...]], inputs: list[str],
              outputs: list[str]) -> object:
-    import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rename: dict[str, str] = {n: _slot(i) for i, n in enumerate(inputs)}
@@ -346,17 +344,9 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
         [helper.make_tensor_value_info(rename[n], TensorProto.FLOAT, list(shapes[n]))
          for n in inputs],
         graph_outputs, [numpy_helper.from_array(v, n) for n, v in b.inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = torch.get_num_threads()
-    so.inter_op_num_threads = 1
-    # no busy-waiting: the cores go to the program's next kernel
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    from ollie.runtime.ort_conv import session
+
+    return session(graph)
 
 
 def _agrees(region: Region, prog: Program, start: int, end: int,
