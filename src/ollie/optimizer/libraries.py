@@ -62,6 +62,7 @@ Runtime convolution between torch kernels pays for OpenMP threads that still bus
 CHOICES = (*UNIFORM, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
 
+
 def is_library_conv(k: Kernel) -> bool:
     """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
     return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)

@@ -42,9 +42,8 @@ LIBRARY = "ONNX Runtime regions"
 """The name of this choice in :mod:`ollie.optimizer.libraries` and in reports."""
 
 _ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
-_SIMPLE = {"Relu": "Relu", "Tanh": "Tanh", "Sigmoid": "Sigmoid", "Add": "Add", "Sub": "Sub",
-           "Mul": "Mul", "Identity": "Identity", "GlobalAveragePool": "GlobalAveragePool"}
-"""Graph operators that map to the ONNX operator of the same meaning without attributes."""
+_SIMPLE = ("Relu", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Identity", "GlobalAveragePool")
+"""Graph operators that are the ONNX operator of the same name, without attributes."""
 _CONVS = ("Conv2d", "ConvTranspose2d")
 _POOLS = ("MaxPool2d", "AvgPool2d")
 MIN_KERNELS = 2
@@ -158,7 +157,7 @@ class _Builder:
     """Accumulates the ONNX nodes and initializers of one region."""
 
     def __init__(self, constants: Mapping[str, torch.Tensor],
-                 shapes: Mapping[str, tuple[int, ...]]) -> None:
+                 shapes: dict[str, tuple[int, ...]]) -> None:
         self.constants, self.shapes = constants, shapes
         self.nodes: list = []
         self.inits: dict[str, np.ndarray] = {}
@@ -235,7 +234,7 @@ class _Builder:
         elif op == "Flatten":
             y = self.node("Flatten", ins, "flat", axis=int(attrs.get("axis", 1)))
         else:
-            y = self.node(_SIMPLE[op], ins, op.lower())
+            y = self.node(op, ins, op.lower())
         y = self.epilogue(y, k, residual)
         self.shapes[y] = tuple(k.output_shape)
         return y
