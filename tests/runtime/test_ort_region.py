@@ -64,7 +64,7 @@ def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
         run = marked.kernels[start:end]
         assert len(run) >= ort_region.MIN_KERNELS
         assert all(k.params["region"] == run[0].params["region"] for k in run)
-        assert all(k.kind in ("Node", "Conv") for k in run)
+        assert all(k.kind in ("Node", "Conv", "Matmul", "eOp") for k in run)
     compiled = CompiledProgram(marked)
     assert any(compiled.in_region)  # the sessions were built and checked
     with torch.inference_mode():
@@ -103,7 +103,7 @@ def test_operator_attributes_are_exported_exactly(layers):
         torch.testing.assert_close(got[name], w, rtol=1e-4, atol=1e-5)
 
 
-def test_eoperators_and_non_constant_weights_end_a_run():
+def test_what_ends_a_run():
     m, x = _net()
     prog, _, _ = original_program(m, x)
     shapes = prog.tensor_shapes()
@@ -112,12 +112,52 @@ def test_eoperators_and_non_constant_weights_end_a_run():
     # the same convolution with its weight computed at run time
     assert not ort_region.exportable(conv, {}, shapes)
     x_name, (n, c, h, w) = conv.inputs[0], shapes[conv.inputs[0]]
-    eop = Kernel("eOp", {}, (x_name,), "y", ollie.parse(
-        f"{x_name}: [{n}, {c}, {h}, {w}]\n"
-        f"L<n=0:{n}, c=0:{c}, h=0:{h}, w=0:{w}> {x_name}[n, c, h, w] * 2.0"))
-    assert not ort_region.exportable(eop, prog.constants, shapes)
+    expr = ollie.parse(f"{x_name}: [{n}, {c}, {h}, {w}]\n"
+                       f"L<n=0:{n}, c=0:{c}, h=0:{h}, w=0:{w}> {x_name}[n, c, h, w] * 2.0")
+    # a memory-bound eOperator is part of a run, a compute-bound one ends it
+    assert ort_region.exportable(Kernel("eOp", {"bound": "memory"}, (x_name,), "y", expr),
+                                 prog.constants, shapes)
+    assert not ort_region.exportable(Kernel("eOp", {"bound": "compute"}, (x_name,), "y", expr),
+                                     prog.constants, shapes)
+    band = Kernel("G2BMM", {"b": 1, "m": 4, "w": 1, "k": 2, "d": 1}, ("q", "k"), "y",
+                  ollie.parse("q: [1, 4, 2]\nk: [1, 4, 2]\n"
+                              "L<b=0:1, i=0:4, j=0:3> Sum<p=0:2> q[b, i, p] * k[b, i + j - 1, p]"))
+    assert not ort_region.exportable(band, prog.constants, {"q": (1, 4, 2), "k": (1, 4, 2)})
     # a run of one kernel is no region
     assert ort_region.spans(Program(prog.inputs, (conv.output,), [conv], prog.constants)) == []
+
+
+def test_derived_matmul_and_eoperators_are_part_of_a_region():
+    """Conv3x3 derived into Matmul + OffsetAdd (an eOperator), followed by a graph
+    convolution: one region, checked against the reference interpreter."""
+    import numpy as np
+
+    from ollie.graph.ir import Node
+    from ollie.optimizer.select import candidate_program
+    from ollie.semantics.check import random_inputs
+
+    expr = ollie.parse("A: [2, 6, 9, 7]\nK: [5, 6, 3, 3]\n"
+                       "L<n=0:2, f=0:5, h=0:9, w=0:7> Sum<c=0:6, r=0:3, s=0:3> "
+                       "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
+    inputs = random_inputs(expr, seed=3)
+    res = ollie.derive(expr, max_depth=3, time_budget=30)
+    cand = next(c for c in res.candidates
+                if {k.kind for k in c.kernels} == {"Matmul", "eOp"})
+    first = candidate_program(cand, expr, {"K": inputs["K"]})
+    y = first.outputs[0]
+    w2 = np.random.default_rng(4).standard_normal((4, 5, 3, 3)).astype(np.float32)
+    conv = Kernel("Node", {"node": Node("Conv2d", (y, "W2"), ("z",), {"padding": 1}),
+                           "op": "Conv2d"}, (y, "W2"), "z", None, shape=(2, 4, 9, 7))
+    prog = Program(first.inputs, ("z",), [*first.kernels, conv],
+                   {**first.constants, "W2": w2})
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and ort_region.groups(marked) == [(0, len(prog.kernels))]
+    compiled = CompiledProgram(marked)
+    assert all(compiled.in_region)
+    got = compiled.run({"A": inputs["A"]})["z"]
+    want = torch.nn.functional.conv2d(torch.from_numpy(ollie.interpret(expr, inputs)),
+                                      torch.from_numpy(w2), padding=1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_region_that_fails_or_disagrees_runs_kernel_by_kernel(monkeypatch, caplog):
@@ -218,13 +258,14 @@ def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
     m, x = _net()
     prog = _optimized(m, x)
     assert _variant(prog, REGIONS_ONEDNN) is None  # every convolution is in a region
-    # an eOperator between the convolutions leaves the first alone (a run of one kernel)
+    # a compute-bound eOperator between the convolutions leaves the first alone (a run of one
+    # kernel)
     first = next(i for i, k in enumerate(prog.kernels) if is_library_conv(k))
     k = prog.kernels[first]
     shape = k.output_shape
     dims = ", ".join(f"d{i}=0:{s}" for i, s in enumerate(shape))
     idx = ", ".join(f"d{i}" for i in range(len(shape)))
-    copy = Kernel("eOp", {}, (k.output,), k.output + "_copy", ollie.parse(
+    copy = Kernel("eOp", {"bound": "compute"}, (k.output,), k.output + "_copy", ollie.parse(
         f"{k.output}: {list(shape)}\nL<{dims}> {k.output}[{idx}] * 1.0"))
     rest = [kn if k.output not in kn.inputs else
             Kernel(kn.kind, kn.params, tuple(k.output + "_copy" if n == k.output else n

@@ -10,12 +10,16 @@ packed oneDNN 170 ms, the whole network in oneDNN's blocked layout through
 
 This module finds maximal runs of consecutive program kernels that ONNX can express
 (:func:`exportable`: graph operators kept as ``Node`` kernels such as convolutions with their
-fused bias / residual / activation, pooling, Gemm and element-wise operators, and library
-``Conv`` kernels with a constant weight), marks them in ``params["region"]``
+fused bias / residual / activation, pooling, Gemm and element-wise operators; library ``Conv``
+kernels with a constant weight; ``Matmul`` kernels and memory-bound generated eOperators,
+through :mod:`ollie.runtime.onnx_expr`), marks them in ``params["region"]``
 (:func:`mark_regions`), and builds for each run a session over a small ONNX model
 (:func:`build_region`): the run's inputs are the tensors it reads that earlier kernels (or the
 caller) produced, its constants are initializers, its outputs are the tensors later kernels or
-the program's caller read. Generated eOperators end a run: they stay Ollie's own kernels.
+the program's caller read. Banded ``G2BMM`` / ``GBMM`` kernels and compute-bound eOperators
+end a run: they stay Ollie's own kernels. With the eOperators inside, a whole network can be
+one session (ResNet-18: the derived shortcut layouts, the last residual + ReLU + global pool),
+so that no OpenMP thread pool of another runtime sits between its parts.
 
 Whether regions pay off is measured, not assumed: :func:`ollie.optimizer.libraries.
 choose_libraries` times the program with regions against the other library choices and
@@ -28,6 +32,7 @@ kernels run one by one).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -91,6 +96,8 @@ def exportable(k: Kernel, constants: Mapping[str, object],
             return False
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op == "Flatten" and not act)
+    if k.kind in ("eOp", "Matmul"):
+        return _expressible(k, shapes)
     if k.kind == "Conv":
         biases = int(p.get("bias") or 0)  # type: ignore[call-overload]
         if k.inputs[1] not in constants or k.inputs[0] in constants or \
@@ -103,6 +110,28 @@ def exportable(k: Kernel, constants: Mapping[str, object],
         return _flat(views[0], int(np.prod(shapes[k.inputs[0]]))) and \
             all(v is None for v in views[2:])
     return False
+
+
+def _expressible(k: Kernel, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """A memory-bound eOperator or a ``Matmul`` whose grids and views stay within
+    :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (a cheap check: the emission itself may still
+    reject the kernel, and then the region is not built). A compute-bound eOperator (its
+    ``bound`` parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it
+    would be an element-wise product over its whole grid followed by a ``ReduceSum``."""
+    from ollie.ir.nodes import nested_scopes
+    from ollie.runtime.onnx_expr import MAX_ELEMENTS
+
+    if k.expr is None or k.params.get("bound") == "compute":
+        return False
+    if any(v is not None and math.prod(v.sizes) > MAX_ELEMENTS for v in k.views):
+        return False
+    if k.kind == "Matmul":
+        views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
+        return all(len(v.sizes if v is not None else shapes[n]) >= 2
+                   for n, v in zip(k.inputs, views, strict=True))
+    root = k.expr.root
+    return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
+               for s in (root, *nested_scopes(root)))
 
 
 def _is_conv(k: Kernel) -> bool:
@@ -172,9 +201,11 @@ class _Builder:
         if value is None:
             self.inits[name] = np.ascontiguousarray(
                 np.asarray(self.constants[name], dtype=np.float32))
+            self.shapes[name] = tuple(self.inits[name].shape)
             return name
         fresh = self.fresh(name)
         self.inits[fresh] = value
+        self.shapes[fresh] = tuple(value.shape)
         return fresh
 
     def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str:
@@ -198,11 +229,15 @@ class _Builder:
         act = k.params.get("activation")
         return self.node(_ACT[str(act)], [y], "act") if act else y
 
-    def add(self, k: Kernel) -> str:
-        """The ONNX nodes of kernel ``k``; returns the name of its (natural-shape) result."""
+    def add(self, k: Kernel, original: Sequence[str] = ()) -> str:
+        """The ONNX nodes of kernel ``k`` (its inputs under their ONNX names; ``original``:
+        their program names, which an eOperator's expression declares); returns the name of
+        its (natural-shape) result."""
         p = k.params
         if k.kind == "Conv":
             return self._conv_kernel(k)
+        if k.kind in ("eOp", "Matmul"):
+            return self._expr_kernel(k, original or k.inputs)
         node = p["node"]
         op, attrs = node.op, dict(node.attrs)  # type: ignore[attr-defined]
         ins = [self.const(n) if n in self.constants else n for n in k.inputs]
@@ -238,6 +273,28 @@ class _Builder:
         y = self.epilogue(y, k, residual)
         self.shapes[y] = tuple(k.output_shape)
         return y
+
+    def _expr_kernel(self, k: Kernel, original: Sequence[str]) -> str:
+        """An eOperator (its expression, any fused activation included) or a ``Matmul`` over
+        strided views of its operands (:mod:`ollie.runtime.onnx_expr`)."""
+        from ollie.runtime.onnx_expr import emit_scope, view_read
+
+        assert k.expr is not None
+        views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
+        ins = [view_read(self, self.const(n) if n in self.constants else n, v)
+               for n, v in zip(k.inputs, views, strict=True)]
+        if k.kind == "Matmul":
+            y = self.node("MatMul", ins, "matmul")
+            alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+            if alpha != 1.0:
+                y = self.node("Mul", [y, self.const("alpha", np.asarray(alpha, np.float32))],
+                              "scaled")
+            a, w = self.shapes[ins[0]], self.shapes[ins[1]]
+            self.shapes[y] = (*np.broadcast_shapes(a[:-2], w[:-2]), a[-2], w[-1])
+            return y
+        decls = k.expr.inputs
+        sources = {o: self.reshape(n, decls[o]) for o, n in zip(original, ins, strict=True)}
+        return emit_scope(self, k.expr.root, sources)
 
     def _conv_kernel(self, k: Kernel) -> str:
         from ollie.runtime import library
@@ -334,7 +391,7 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
     for k in kernels:
         # each kernel reads region inputs and earlier results under their ONNX names
         y = b.add(Kernel(k.kind, k.params, tuple(rename.get(n, n) for n in k.inputs),
-                         k.output, k.expr, k.views, k.shape))
+                         k.output, k.expr, k.views, k.shape), k.inputs)
         rename[k.output] = b.reshape(y, tuple(k.output_shape))
     graph_outputs = [helper.make_tensor_value_info(rename[n], TensorProto.FLOAT,
                                                    list(shapes[n])) for n in outputs]

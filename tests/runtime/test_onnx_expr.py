@@ -1,0 +1,144 @@
+"""eOperator expressions and strided views exported as ONNX nodes (ollie.runtime.onnx_expr):
+every emitted graph, run by ONNX Runtime, matches the reference interpreter (random
+expressions) or ``torch.as_strided`` (random views); reads take the cheapest ONNX form that
+fits them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ollie
+from ollie.errors import UnsupportedError
+from ollie.program.kernel import View
+from ollie.runtime import onnx_expr
+from ollie.runtime.ort_region import _Builder
+from ollie.semantics.check import random_inputs
+from ollie.testing.strategies import exprs
+
+pytest.importorskip("onnxruntime")
+
+
+def _run(b: _Builder, inputs: dict[str, np.ndarray], out: str) -> np.ndarray:
+    """Run the builder's nodes (graph inputs ``inputs``, output ``out``) in ONNX Runtime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ollie.runtime.ort_conv import session
+
+    graph = helper.make_graph(
+        b.nodes, "t",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape))
+         for n, v in inputs.items()],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(b.shapes[out]))],
+        [numpy_helper.from_array(v, n) for n, v in b.inits.items()])
+    return session(graph).run(None, {n: v.astype(np.float32) for n, v in inputs.items()})[0]
+
+
+def _emit(expr: ollie.Expr) -> tuple[_Builder, str]:
+    b = _Builder({}, {n: tuple(s) for n, s in expr.decls})
+    return b, onnx_expr.emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
+
+
+def _ops(b: _Builder) -> list[str]:
+    return [n.op_type for n in b.nodes]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(exprs(depth=1, max_sum=2), st.integers(0, 2**31 - 1))
+def test_random_expressions_match_the_interpreter(expr, seed):
+    inputs = random_inputs(expr, seed=seed)
+    b, out = _emit(expr)
+    got = _run(b, inputs, out)
+    want = ollie.interpret(expr, inputs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * (1 + np.abs(want).max()))
+
+
+def _check(text: str) -> list[str]:
+    expr = ollie.parse(text)
+    inputs = random_inputs(expr, seed=0)
+    b, out = _emit(expr)
+    np.testing.assert_allclose(_run(b, inputs, out), ollie.interpret(expr, inputs),
+                               rtol=1e-5, atol=1e-5)
+    return _ops(b)
+
+
+def test_reads_take_the_cheapest_form():
+    # element-wise with a per-channel bias: reshapes only
+    ops = _check("A: [2, 3, 4]\nB: [3]\nL<i=0:2, j=0:3, k=0:4> relu(A[i, j, k] + B[j])")
+    assert "Gather" not in ops and "Slice" not in ops
+    # a stride-2 subsample with a size-1 axis (ResNet's 1x1 stride-2 shortcut): a slice
+    ops = _check("A: [1, 4, 6, 6]\nL<n=0:1, c=0:4, h=0:3, r=0:1, w=0:3> A[n, c, 2*h + r, 2*w]")
+    assert "Slice" in ops and "Gather" not in ops
+    # a transposed read: slice-free transpose
+    ops = _check("A: [3, 5]\nL<i=0:5, j=0:3> A[j, i]")
+    assert "Transpose" in ops and "Gather" not in ops
+    # zero padding: a gather masked by where
+    ops = _check("A: [5]\nL<i=0:7> A[i - 1] * 2.0")
+    assert "Gather" in ops and "Where" in ops
+    # a global average pool: a reduction
+    ops = _check("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625")
+    assert "ReduceSum" in ops
+
+
+def test_nested_scopes_and_unread_iterators():
+    _check("A: [2, 6]\nB: [6]\nL<i=0:2, j=0:6> relu(A[i, j] + "
+           "{ L<p=0:2, q=1:7> Sum<s=0:1> A[p, q - 1 + s] }[i, j + 1] + B[j])")
+    # an output axis that no read uses: broadcast by Expand
+    ops = _check("A: [3]\nL<i=0:3, j=0:4> A[i] + 1.0")
+    assert "Expand" in ops
+    # a summation iterator that no read uses: a multiplication by its size
+    _check("A: [3]\nL<i=0:3> Sum<s=0:5> A[i]")
+
+
+def test_nan_outside_the_read_positions_does_not_leak():
+    expr = ollie.parse("A: [4]\nL<i=0:6> A[i - 1]")
+    a = np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)
+    b, out = _emit(expr)
+    got = _run(b, {"A": a}, out)
+    np.testing.assert_array_equal(got[:4], [0.0, 1.0, 2.0, 3.0])
+    assert np.isnan(got[4]) and got[5] == 0.0
+
+
+@st.composite
+def _views(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    numel = math.prod(shape)
+    rank = draw(st.integers(1, 3))
+    sizes = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+    strides = tuple(draw(st.sampled_from([0, 1, 2, 3, numel // 2 or 1])) for _ in sizes)
+    reach = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
+    if reach >= numel:
+        strides = tuple(0 for _ in sizes)
+        reach = 0
+    offset = draw(st.integers(0, numel - 1 - reach))
+    return shape, View(offset, sizes, strides)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_views())
+def test_views_match_as_strided(case):
+    shape, view = case
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    b = _Builder({}, {"x": shape})
+    y = onnx_expr.view_read(b, "x", view)
+    want = torch.as_strided(torch.from_numpy(x).reshape(-1), view.sizes, view.strides,
+                            view.offset).numpy()
+    np.testing.assert_array_equal(_run(b, {"x": x}, y), want)
+
+
+def test_contiguous_and_broadcast_views_need_no_gather():
+    b = _Builder({}, {"w": (6, 4)})
+    onnx_expr.view_read(b, "w", View(0, (3, 6, 4), (0, 4, 1)))
+    assert "Gather" not in _ops(b) and "Expand" in _ops(b)
+
+
+def test_oversized_grids_are_rejected(monkeypatch):
+    monkeypatch.setattr(onnx_expr, "MAX_ELEMENTS", 10)
+    with pytest.raises(UnsupportedError, match="exceeds"):
+        _emit(ollie.parse("A: [4, 4]\nL<i=0:4, j=0:4> A[i, j] * 2.0"))
