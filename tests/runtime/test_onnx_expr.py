@@ -78,9 +78,21 @@ def test_reads_take_the_cheapest_form():
     # a transposed read: slice-free transpose
     ops = _check("A: [3, 5]\nL<i=0:5, j=0:3> A[j, i]")
     assert "Transpose" in ops and "Gather" not in ops
-    # zero padding: a gather masked by where
+    # zero padding: a pad
     ops = _check("A: [5]\nL<i=0:7> A[i - 1] * 2.0")
+    assert "Pad" in ops and "Gather" not in ops
+    # two iterators in one index, outside the tensor at the ends: a gather masked by where
+    ops = _check("A: [5]\nL<i=0:3, j=0:4> A[i + j - 1]")
     assert "Gather" in ops and "Where" in ops
+    # an OffsetAdd: the small sum unrolled into shifted, padded slices
+    expr = ollie.parse("A: [3, 2, 6]\nL<c=0:2, h=0:6> Sum<r=0:3> A[-r + 2, c, h + r - 1]")
+    ops = _check(str(expr))
+    assert "Gather" not in ops and ops.count("Add") == 2
+    assert not onnx_expr.needs_gather(expr)
+    # a selective add whose sum is too long to unroll keeps its gather
+    expr = ollie.parse(f"A: [{onnx_expr.UNROLL + 1}, 8]\n"
+                       f"L<h=0:8> Sum<y=0:{onnx_expr.UNROLL + 1}> A[y, h - y]")
+    assert "Gather" in _check(str(expr)) and onnx_expr.needs_gather(expr)
     # a global average pool: a reduction
     ops = _check("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625")
     assert "ReduceSum" in ops

@@ -436,7 +436,9 @@ class CompiledProgram:
 
     def profile(self, inputs: Mapping[str, object], repeats: int = 5) -> list[float]:
         """Median seconds of each kernel run on its own (inputs computed beforehand); a sample
-        of a kernel faster than 1 ms times back-to-back calls (timer jitter)."""
+        of a kernel faster than 1 ms times back-to-back calls (timer jitter). An ONNX Runtime
+        region runs its whole session at its first kernel: that kernel's time is the region's,
+        its other kernels' times are those of passing a tensor on."""
         from ollie.tune.measure import measure_alternating
 
         env = dict(self.constants)

@@ -27,6 +27,7 @@ built (:func:`ollie.runtime.ort_region.build_region`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -34,14 +35,18 @@ from typing import Protocol
 import numpy as np
 
 from ollie.errors import UnsupportedError
-from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
+from ollie.ir import Access, BinOp, Call, Const, Expr, Neg, Scope
 from ollie.ir.index import Affine, Var
-from ollie.ir.nodes import Node
+from ollie.ir.nodes import Node, accesses
 from ollie.program.kernel import View
 
 MAX_ELEMENTS = 1 << 23
 """Largest grid (product of a scope's iterator sizes over the axes a value spans) and largest
 constant gather index this module emits; beyond it the kernel stays outside the region."""
+
+UNROLL = 16
+"""A sum of at most this many terms whose reads need a ``Gather`` over the grid but are
+strided with its iterators fixed is emitted as that many shifted reads added up."""
 
 _UNARY = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "exp": "Exp", "log": "Log",
           "sqrt": "Sqrt", "abs": "Abs"}
@@ -124,38 +129,76 @@ def view_read(b: Emitter, name: str, view: View | None) -> str:
 class _Scope:
     """Emits one scope over its grid."""
 
-    def __init__(self, b: Emitter, scope: Scope, sources: Mapping[str, str]) -> None:
-        self.b, self.scope, self.sources = b, scope, sources
+    def __init__(self, b: Emitter, scope: Scope, sources: Mapping[str, str],
+                 nested: dict[Scope, str]) -> None:
+        self.b, self.scope, self.sources, self.nested = b, scope, sources, nested
         self.iters = scope.iters
         self.axis = {it.name: i for i, it in enumerate(self.iters)}
         self.grid = tuple(it.size for it in self.iters)
         if min(self.grid, default=1) < 1:
             raise UnsupportedError("an empty iterator range")
+        self.fixed = {it.name: it.lo for it in self.iters if it.size == 1}
 
     def ones(self) -> tuple[int, ...]:
         return (1,) * len(self.grid)
 
     def emit(self) -> str:
-        value = self.value(self.scope.body)
-        shape = self.b.shapes[value] if not isinstance(value, float) else self.ones()
-        if isinstance(value, float):
-            value = self.b.const("c", np.full(shape, value, dtype=np.float32))
-            self.b.shapes[value] = shape
-        _check_size(math.prod(shape), "an eOperator grid")
         nt = len(self.scope.traversal)
-        reduce = [a for a in range(nt, len(self.grid)) if shape[a] > 1]
-        scale = math.prod(self.grid[a] for a in range(nt, len(self.grid)) if shape[a] == 1)
-        if reduce:
-            kept = tuple(1 if a in reduce else n for a, n in enumerate(shape))
-            value = _out(self.b, "ReduceSum", [value, self.b.const("axes", _ints(reduce))],
-                         kept, "sum", keepdims=1)
-        if scale != 1:
-            value = self._binary("Mul", value, self._scalar(float(scale)))
+        combos = self._unrolled()
+        if combos is not None:
+            value = self._unroll(combos)
+        else:
+            value = self._const(self.value(self.scope.body))
+            shape = self.b.shapes[value]
+            _check_size(math.prod(shape), "an eOperator grid")
+            reduce = [a for a in range(nt, len(self.grid)) if shape[a] > 1]
+            scale = math.prod(self.grid[a] for a in range(nt, len(self.grid))
+                              if shape[a] == 1)
+            if reduce:
+                kept = tuple(1 if a in reduce else n for a, n in enumerate(shape))
+                value = _out(self.b, "ReduceSum",
+                             [value, self.b.const("axes", _ints(reduce))], kept, "sum",
+                             keepdims=1)
+            if scale != 1:
+                value = self._binary("Mul", value, self._scalar(float(scale)))
         value = self.b.reshape(value, self.b.shapes[value][:nt])
         if self.b.shapes[value] != self.scope.shape:
             value = _out(self.b, "Expand", [value, self.b.const("shape", _ints(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
+
+    def _const(self, value: str | float) -> str:
+        return self._scalar(value) if isinstance(value, float) else value
+
+    def _unrolled(self) -> list[dict[str, int]] | None:
+        """The summation iterators' values, when the sum is unrolled: it has at most
+        :data:`UNROLL` terms, some read of the body needs a ``Gather`` over the whole grid and
+        none does with the summation iterators fixed (an OffsetAdd: ``Sum<r> T[r, h + r]``
+        becomes shifted slices); else None."""
+        summed = [it for it in self.scope.summation if it.size > 1]
+        if not summed or math.prod(it.size for it in summed) > UNROLL:
+            return None
+        reads = list(accesses(self.scope.body))
+        if all(self._pattern(acc.indices, self.fixed) is not None for acc in reads):
+            return None
+        combos = [dict(zip((it.name for it in summed), values, strict=True))
+                  for values in itertools.product(*(range(it.lo, it.hi) for it in summed))]
+        if any(self._pattern(acc.indices, {**self.fixed, **c}) is None
+               for acc in reads for c in combos):
+            return None
+        return combos
+
+    def _unroll(self, combos: list[dict[str, int]]) -> str:
+        base, total = self.fixed, None
+        try:
+            for combo in combos:
+                self.fixed = {**base, **combo}
+                term = self._const(self.value(self.scope.body))
+                total = term if total is None else self._binary("Add", total, term)
+        finally:
+            self.fixed = base
+        assert total is not None
+        return total
 
     def _scalar(self, v: float) -> str:
         name = self.b.const("c", np.full(self.ones(), v, dtype=np.float32))
@@ -181,14 +224,12 @@ class _Scope:
             return self._apply(_BINARY[node.op], (node.lhs, node.rhs))
         assert isinstance(node, Call), node
         if node.fn in _UNARY:
-            x = self.value(node.args[0])
-            x = self._scalar(x) if isinstance(x, float) else x
+            x = self._const(self.value(node.args[0]))
             return _out(self.b, _UNARY[node.fn], [x], self.b.shapes[x], node.fn)
         return self._apply(_BINARY[node.fn], node.args)
 
     def _apply(self, op: str, args: Sequence[Node]) -> str:
-        xs = [self.value(a) for a in args]
-        names = [self._scalar(x) if isinstance(x, float) else x for x in xs]
+        names = [self._const(self.value(a)) for a in args]
         return self._binary(op, names[0], names[1])
 
     # -------------------------------------------------------------------------- reads
@@ -196,7 +237,10 @@ class _Scope:
     def read(self, acc: Access) -> str:
         """``acc`` over the grid, broadcast over the axes its indices do not use."""
         if isinstance(acc.source, Scope):
-            src = emit_scope(self.b, acc.source, self.sources)
+            src = self.nested.get(acc.source)
+            if src is None:
+                src = self.nested[acc.source] = _Scope(self.b, acc.source, self.sources,
+                                                       self.nested).emit()
             offsets = [it.lo for it in acc.source.traversal]
         else:
             src = self.sources[acc.source]
@@ -205,10 +249,13 @@ class _Scope:
         if len(dims) != len(acc.indices):
             raise UnsupportedError(f"a read of {len(acc.indices)} indices from a tensor of "
                                    f"rank {len(dims)}")
-        fixed = {it.name: it.lo for it in self.iters if it.size == 1}
+        fixed = self.fixed
         used = sorted({self.axis[v] for q in acc.indices for v in q.vars() if v not in fixed})
         sub = tuple(self.grid[a] if a in used else 1 for a in range(len(self.grid)))
         _check_size(math.prod(sub), "a read")
+        pattern = self._pattern(acc.indices, fixed)
+        if pattern is not None:
+            return self._strided(src, pattern, offsets, sub)
         env: dict[str, object] = dict(fixed)
         for a in used:
             it = self.iters[a]
@@ -220,17 +267,10 @@ class _Scope:
         valid = np.ones(sub, dtype=bool)
         for p, n in zip(pos, dims, strict=True):
             valid &= (p >= 0) & (p < n)
-        if valid.all():
-            strided = self._strided(src, acc.indices, offsets, fixed, sub)
-            if strided is not None:
-                return strided
         flat = np.zeros(sub, dtype=np.int64)
         for p, n in zip(pos, dims, strict=True):
             flat = flat * n + np.clip(p, 0, n - 1)
         numel = math.prod(dims)
-        if valid.all() and flat.size == numel and \
-                np.array_equal(flat.reshape(-1), np.arange(numel, dtype=np.int64)):
-            return self.b.reshape(src, sub)
         flat_src = self.b.reshape(src, (numel,))
         y = _out(self.b, "Gather", [flat_src, self.b.const("positions", flat)], sub,
                  "read", axis=0)
@@ -239,58 +279,115 @@ class _Scope:
                      sub, "pad")
         return y
 
-    def _strided(self, src: str, indices: Sequence[Affine], offsets: Sequence[int],
-                 fixed: Mapping[str, int], sub: tuple[int, ...]) -> str | None:
-        """``Slice`` + ``Transpose`` + ``Reshape`` for indices ``c*x + d`` (``c > 0``, one
-        iterator per dimension, positions known to exist), else None."""
-        starts, ends, steps, axes_of = [], [], [], []
+    def _pattern(self, indices: Sequence[Affine], fixed: Mapping[str, int]
+                 ) -> list[tuple[int, int, int | None]] | None:
+        """Per dimension ``(c, d, axis)`` when each index is ``c*x + d`` (``c > 0``, a
+        different iterator ``x`` on grid axis ``axis`` per dimension) or a constant ``d``
+        (``c = 0``, no axis), with the iterators of ``fixed`` replaced by their values; else
+        None."""
+        out: list[tuple[int, int, int | None]] = []
         seen: set[str] = set()
-        for q, off in zip(indices, offsets, strict=True):
-            q = q.subst(fixed) if fixed else q
+        for q in indices:
+            q = q.subst(fixed) if fixed and q.vars() & fixed.keys() else q
             if not q.is_linear or len(q.terms) > 1:
                 return None
-            start = q.const - off
             if not q.terms:
-                starts.append(start)
-                ends.append(start + 1)
-                steps.append(1)
-                axes_of.append(None)
+                out.append((0, q.const, None))
                 continue
             atom, c = q.terms[0]
             assert isinstance(atom, Var)
             if c <= 0 or atom.name in seen:
                 return None
             seen.add(atom.name)
-            it = self.iters[self.axis[atom.name]]
-            first = start + c * it.lo
-            starts.append(first)
-            ends.append(first + c * (it.size - 1) + 1)
-            steps.append(c)
-            axes_of.append(self.axis[atom.name])
+            out.append((c, q.const, self.axis[atom.name]))
+        return out
+
+    def _strided(self, src: str, pattern: Sequence[tuple[int, int, int | None]],
+                 offsets: Sequence[int], sub: tuple[int, ...]) -> str:
+        """``Pad`` (zeros, when the read reaches outside the tensor) + ``Slice`` +
+        ``Transpose`` + ``Reshape``: the reads of a :meth:`_pattern`, or the tensor itself
+        (reshaped) when the read is the whole tensor in order."""
         dims = self.b.shapes[src]
+        starts, steps, lengths = [], [], []
+        for (c, d, axis), off in zip(pattern, offsets, strict=True):
+            if axis is None:
+                starts.append(d - off)
+                steps.append(1)
+                lengths.append(1)
+            else:
+                it = self.iters[axis]
+                starts.append(d + c * it.lo - off)
+                steps.append(c)
+                lengths.append(it.size)
+        lo = [max(0, -s) for s in starts]
+        hi = [max(0, s + st * (n - 1) - (dim - 1))
+              for s, st, n, dim in zip(starts, steps, lengths, dims, strict=True)]
         y = src
-        if any(s != 0 or e != n or st != 1
-               for s, e, st, n in zip(starts, ends, steps, dims, strict=True)):
-            shape = tuple(len(range(s, e, st)) for s, e, st in zip(starts, ends, steps,
-                                                                   strict=True))
-            y = _out(self.b, "Slice", [src, self.b.const("starts", _ints(starts)),
+        if any(lo) or any(hi):
+            padded = tuple(dim + a + b for dim, a, b in zip(dims, lo, hi, strict=True))
+            _check_size(math.prod(padded), "a padded read")
+            y = _out(self.b, "Pad", [src, self.b.const("pads", _ints(lo + hi))], padded,
+                     "pad", mode="constant")
+            starts = [s + a for s, a in zip(starts, lo, strict=True)]
+        shape = tuple(self.b.shapes[y])
+        if any(s != 0 or st != 1 or n != dim
+               for s, st, n, dim in zip(starts, steps, lengths, shape, strict=True)):
+            ends = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, lengths,
+                                                            strict=True)]
+            y = _out(self.b, "Slice", [y, self.b.const("starts", _ints(starts)),
                                        self.b.const("ends", _ints(ends)),
                                        self.b.const("axes", _ints(range(len(dims)))),
-                                       self.b.const("steps", _ints(steps))], shape, "slice")
-        moving = [d for d, a in enumerate(axes_of) if a is not None]
-        order = sorted(moving, key=lambda d: axes_of[d])  # type: ignore[arg-type, return-value]
+                                       self.b.const("steps", _ints(steps))],
+                     tuple(lengths), "slice")
+        moving = [d for d, (_, _, axis) in enumerate(pattern) if axis is not None]
+        order = sorted(moving, key=lambda d: pattern[d][2])  # type: ignore[arg-type,return-value]
         if order != moving:
-            rest = [d for d in range(len(dims)) if axes_of[d] is None]
-            perm = order + rest
-            shape = tuple(self.b.shapes[y][d] for d in perm)
-            y = _out(self.b, "Transpose", [y], shape, "transpose", perm=perm)
+            perm = order + [d for d in range(len(dims)) if pattern[d][2] is None]
+            y = _out(self.b, "Transpose", [y], tuple(self.b.shapes[y][d] for d in perm),
+                     "transpose", perm=perm)
         return self.b.reshape(y, sub)
+
+
+def needs_gather(expr: Expr) -> bool:
+    """Whether :func:`emit_scope` reads some tensor of ``expr`` through a ``Gather`` (a slow
+    form: an index tensor as large as the read); raises UnsupportedError as the emission
+    does."""
+    b = _Recorder({n: tuple(s) for n, s in expr.decls})
+    emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
+    return "Gather" in b.ops
+
+
+class _Recorder:
+    """An :class:`Emitter` that only records operator names and shapes."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = shapes
+        self.ops: list[str] = []
+        self.count = 0
+
+    def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str:
+        self.ops.append(op)
+        self.count += 1
+        return f"v{self.count}"
+
+    def const(self, name: str, value: np.ndarray | None = None) -> str:
+        self.count += 1
+        out = f"c{self.count}"
+        self.shapes[out] = tuple(np.shape(value)) if value is not None else ()
+        return out
+
+    def reshape(self, name: str, shape: Sequence[int]) -> str:
+        if tuple(self.shapes[name]) == tuple(shape):
+            return name
+        out = self.node("Reshape", [name], "r")
+        self.shapes[out] = tuple(shape)
+        return out
 
 
 def emit_scope(b: Emitter, scope: Scope, sources: Mapping[str, str]) -> str:
     """The ONNX value (shape ``scope.shape``) of ``scope``; ``sources`` maps each input tensor
     it reads to an ONNX value of the tensor's declared shape."""
-    return _Scope(b, scope, sources).emit()
+    return _Scope(b, scope, sources, {}).emit()
 
 
-__all__ = ["MAX_ELEMENTS", "Emitter", "emit_scope", "view_read"]
+__all__ = ["MAX_ELEMENTS", "UNROLL", "Emitter", "emit_scope", "needs_gather", "view_read"]

@@ -31,6 +31,7 @@ kernels run one by one).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from ollie.ir import Expr
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 
@@ -113,11 +115,12 @@ def exportable(k: Kernel, constants: Mapping[str, object],
 
 
 def _expressible(k: Kernel, shapes: Mapping[str, tuple[int, ...]]) -> bool:
-    """A memory-bound eOperator or a ``Matmul`` whose grids and views stay within
-    :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (a cheap check: the emission itself may still
-    reject the kernel, and then the region is not built). A compute-bound eOperator (its
-    ``bound`` parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it
-    would be an element-wise product over its whole grid followed by a ``ReduceSum``."""
+    """A memory-bound eOperator whose reads need no ``Gather`` (:func:`_cheap`), or a
+    ``Matmul``, with grids and views within :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (the
+    emission itself may still reject the kernel, and then the region is not built). A
+    compute-bound eOperator (its ``bound`` parameter, :mod:`ollie.match.eop`) stays Ollie's
+    generated loop nest: as ONNX it would be an element-wise product over its whole grid
+    followed by a ``ReduceSum``."""
     from ollie.ir.nodes import nested_scopes
     from ollie.runtime.onnx_expr import MAX_ELEMENTS
 
@@ -131,7 +134,21 @@ def _expressible(k: Kernel, shapes: Mapping[str, tuple[int, ...]]) -> bool:
                    for n, v in zip(k.inputs, views, strict=True))
     root = k.expr.root
     return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
-               for s in (root, *nested_scopes(root)))
+               for s in (root, *nested_scopes(root))) and _cheap(k.expr)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cheap(expr: Expr) -> bool:
+    """Whether ``expr`` becomes ONNX operators without a ``Gather`` (a scatter-like selective
+    add would gather its whole iteration grid: slower in ONNX Runtime than the generated
+    kernel, measured on GCN)."""
+    from ollie.errors import UnsupportedError
+    from ollie.runtime.onnx_expr import needs_gather
+
+    try:
+        return not needs_gather(expr)
+    except UnsupportedError:
+        return False
 
 
 def _is_conv(k: Kernel) -> bool:
