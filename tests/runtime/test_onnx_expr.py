@@ -144,10 +144,22 @@ def test_views_match_as_strided(case):
     np.testing.assert_array_equal(_run(b, {"x": x}, y), want)
 
 
-def test_contiguous_and_broadcast_views_need_no_gather():
+def test_contiguous_permuted_and_broadcast_views_need_no_gather():
     b = _Builder({}, {"w": (6, 4)})
-    onnx_expr.view_read(b, "w", View(0, (3, 6, 4), (0, 4, 1)))
+    view = View(0, (3, 6, 4), (0, 4, 1))
+    onnx_expr.view_read(b, "w", view)
     assert "Gather" not in _ops(b) and "Expand" in _ops(b)
+    assert not onnx_expr.view_gathers(view, 24)
+    # a transposed operand (trans_b): a transpose
+    b = _Builder({}, {"w": (6, 4)})
+    view = View(0, (1, 4, 6), (0, 1, 4))
+    y = onnx_expr.view_read(b, "w", view)
+    assert "Transpose" in _ops(b) and "Gather" not in _ops(b)
+    w = np.arange(24, dtype=np.float32).reshape(6, 4)
+    np.testing.assert_array_equal(_run(b, {"w": w}, y), w.T[None])
+    assert not onnx_expr.view_gathers(view, 24)
+    # every other row: a gather
+    assert onnx_expr.view_gathers(View(0, (3, 4), (8, 1)), 24)
 
 
 def test_oversized_grids_are_rejected(monkeypatch):

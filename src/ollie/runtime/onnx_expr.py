@@ -90,6 +90,27 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------ views
 
 
+def _permuted(view: View, numel: int) -> list[int] | None:
+    """The dimensions of ``view`` it steps through (size > 1, stride > 0), outermost first in
+    the tensor's memory, when ``view`` reads a ``numel``-element tensor whole as a permutation
+    of its row-major layout (broadcast over stride-0 dimensions); else None."""
+    moving = [d for d, (n, s) in enumerate(zip(view.sizes, view.strides, strict=True))
+              if n != 1 and s != 0]
+    order = sorted(moving, key=lambda d: -view.strides[d])
+    expect = 1
+    for d in reversed(order):
+        if view.strides[d] != expect:
+            return None
+        expect *= view.sizes[d]
+    return order if view.offset == 0 and expect == numel else None
+
+
+def view_gathers(view: View | None, numel: int) -> bool:
+    """Whether :func:`view_read` reads ``view`` of a ``numel``-element tensor with a
+    ``Gather`` (not a ``Reshape`` / ``Transpose`` / ``Expand``)."""
+    return view is not None and _permuted(view, numel) is None
+
+
 def view_read(b: Emitter, name: str, view: View | None) -> str:
     """The ONNX value of shape ``view.sizes`` that ``view`` reads from the flat storage of
     ``name`` (``name`` itself when ``view`` is None)."""
@@ -97,15 +118,18 @@ def view_read(b: Emitter, name: str, view: View | None) -> str:
         return name
     numel = math.prod(b.shapes[name])
     sizes, strides = tuple(view.sizes), tuple(view.strides)
-    kept = [(n, s) for n, s in zip(sizes, strides, strict=True) if n != 1 and s != 0]
-    expect, contiguous = 1, True
-    for n, s in reversed(kept):
-        contiguous &= s == expect
-        expect *= n
-    if view.offset == 0 and contiguous and expect == numel:
-        # row-major over the dimensions it steps through, broadcast over stride-0 ones
-        narrow = tuple(1 if s == 0 else n for n, s in zip(sizes, strides, strict=True))
-        y = b.reshape(name, narrow)
+    order = _permuted(view, numel)
+    if order is not None:
+        # the tensor's memory as the dimensions it steps through, permuted into view order,
+        # broadcast over stride-0 ones
+        y = b.reshape(name, tuple(sizes[d] for d in order))
+        moving = sorted(order)
+        if order != moving:
+            perm = [order.index(d) for d in moving]
+            y = _out(b, "Transpose", [y], tuple(sizes[d] for d in moving), "transpose",
+                     perm=perm)
+        narrow = tuple(n if d in order else 1 for d, n in enumerate(sizes))
+        y = b.reshape(y, narrow)
         if narrow != sizes:
             y = _out(b, "Expand", [y, b.const("sizes", _ints(sizes))], sizes, "expand")
         return y
@@ -390,4 +414,5 @@ def emit_scope(b: Emitter, scope: Scope, sources: Mapping[str, str]) -> str:
     return _Scope(b, scope, sources, {}).emit()
 
 
-__all__ = ["MAX_ELEMENTS", "UNROLL", "Emitter", "emit_scope", "needs_gather", "view_read"]
+__all__ = ["MAX_ELEMENTS", "UNROLL", "Emitter", "emit_scope", "needs_gather", "view_gathers",
+           "view_read"]

@@ -99,7 +99,7 @@ def exportable(k: Kernel, constants: Mapping[str, object],
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op == "Flatten" and not act)
     if k.kind in ("eOp", "Matmul"):
-        return _expressible(k, shapes)
+        return _expressible(k, constants, shapes)
     if k.kind == "Conv":
         biases = int(p.get("bias") or 0)  # type: ignore[call-overload]
         if k.inputs[1] not in constants or k.inputs[0] in constants or \
@@ -114,23 +114,27 @@ def exportable(k: Kernel, constants: Mapping[str, object],
     return False
 
 
-def _expressible(k: Kernel, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+def _expressible(k: Kernel, constants: Mapping[str, object],
+                 shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """A memory-bound eOperator whose reads need no ``Gather`` (:func:`_cheap`), or a
-    ``Matmul``, with grids and views within :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (the
-    emission itself may still reject the kernel, and then the region is not built). A
-    compute-bound eOperator (its ``bound`` parameter, :mod:`ollie.match.eop`) stays Ollie's
-    generated loop nest: as ONNX it would be an element-wise product over its whole grid
-    followed by a ``ReduceSum``."""
+    ``Matmul`` whose computed operands need none either, with grids and views within
+    :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (the emission itself may still reject the
+    kernel, and then the region is not built). A compute-bound eOperator (its ``bound``
+    parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it would be
+    an element-wise product over its whole grid followed by a ``ReduceSum``."""
     from ollie.ir.nodes import nested_scopes
-    from ollie.runtime.onnx_expr import MAX_ELEMENTS
+    from ollie.runtime.onnx_expr import MAX_ELEMENTS, view_gathers
 
     if k.expr is None or k.params.get("bound") == "compute":
         return False
     if any(v is not None and math.prod(v.sizes) > MAX_ELEMENTS for v in k.views):
         return False
     if k.kind == "Matmul":
+        # a gathered view of a computed operand would copy it element by element on every
+        # run (a constant one is folded by ONNX Runtime when the session is built)
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
-        return all(len(v.sizes if v is not None else shapes[n]) >= 2
+        return all(len(v.sizes if v is not None else shapes[n]) >= 2 and
+                   (n in constants or not view_gathers(v, math.prod(shapes[n])))
                    for n, v in zip(k.inputs, views, strict=True))
     root = k.expr.root
     return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
