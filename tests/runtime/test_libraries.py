@@ -14,6 +14,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     PER_OPERATOR,
     UNIFORM,
+    alternative_of,
     choose_libraries,
     is_library_conv,
     with_library,
@@ -96,15 +97,16 @@ def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
     cache = CostCache(tmp_path / "costs.sqlite")
     cfg = OptimizeConfig()
     notes1: list[str] = []
-    first = _libraries(prog, feeds, want, cfg, notes1, cache)
+    first, alt = _libraries(prog, feeds, want, cfg, notes1, cache)
+    assert alt is None
     notes2: list[str] = []
-    second = _libraries(prog, feeds, want, cfg, notes2, cache)
+    second, _ = _libraries(prog, feeds, want, cfg, notes2, cache)
     assert "ms" in notes1[-1] and notes2[-1].endswith("(cached)")
     assert [k.params.get("library") for k in first.kernels] == \
         [k.params.get("library") for k in second.kernels]
     off: list[str] = []
     assert _libraries(prog, feeds, want, OptimizeConfig(choose_libraries=False), off,
-                      cache) is prog and not off
+                      cache) == (prog, None) and not off
 
 
 def test_programs_with_fewer_than_two_convolutions_are_left_alone():
@@ -117,3 +119,78 @@ def test_programs_with_fewer_than_two_convolutions_are_left_alone():
     feeds = {graph.inputs[0][0]: x}
     kept, decision, note = choose_libraries(prog, feeds, run_graph(graph, feeds), 1e-3)
     assert kept is prog and decision is None and note is None
+
+
+@needs_onednn
+def test_the_original_operators_are_an_alternative_timed_and_checked():
+    """A program that computes the model differently (here: its convolutions swapped for
+    plain-torch ones) against the original operators: both with their variants, each
+    checked; a decided alternative is applied and still checked."""
+    _, _, prog, feeds, want = _original_program()
+    other = with_library(prog, "torch")
+    kept, decision, note = choose_libraries(other, feeds, want, 1e-3,
+                                            alternatives={"original operators": prog})
+    assert decision is not None and "original operators: per operator" in note
+    assert alternative_of(decision) in (None, "original operators")
+    kept, decision, note = choose_libraries(
+        other, feeds, want, 1e-3, decided="original operators: per operator",
+        alternatives={"original operators": prog})
+    assert kept is prog and note.endswith("(cached)")
+    assert alternative_of(decision) == "original operators"
+    # an alternative that disagrees with the reference is never kept
+    wrong_prog = Program(prog.inputs, prog.outputs, prog.kernels,
+                         {n: v * 2 for n, v in prog.constants.items()})
+    for _ in range(2):
+        kept, decision, _ = choose_libraries(other, feeds, want, 1e-3,
+                                             alternatives={"original operators": wrong_prog})
+        assert alternative_of(decision) is None
+
+
+def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
+    """With a rewritten subprogram, the original operators (post-processed) are offered as
+    an alternative program; when they win, ``optimize`` keeps them and its report says so."""
+    from ollie.optimizer import model as model_mod
+    from ollie.program.postprocess import postprocess
+
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.ReLU(),
+                      nn.Conv2d(4, 4, 3, padding=1)).eval()
+    x = torch.randn(1, 8, 6, 6)
+    with torch.inference_mode():
+        want = m(x)
+    graph = to_graph(m, (x,))
+    cfg = OptimizeConfig(use_cache=False)
+    originals = model_mod._originals(graph, Program(tuple(graph.inputs), tuple(graph.outputs),
+                                                    [], {}), cfg)
+    seen = {}
+
+    def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None):
+        seen.update(alternatives or {})
+        return alternatives["original operators"], "original operators: per operator", \
+            "convolution libraries: original operators, chosen per operator (test)"
+
+    monkeypatch.setattr(model_mod, "choose_libraries", originals_win)
+    notes: list[str] = []
+    kept, alt = model_mod._checked(graph, originals, originals, cfg, notes, None, True)
+    assert alt == "original operators" and kept is seen["original operators"]
+    assert [k.kind for k in kept.kernels] == ["Node", "Node"]  # ReLU folded
+    assert len(kept.kernels) < len(originals.kernels)
+    assert kept.kernels == postprocess(originals).kernels
+    torch.testing.assert_close(CompiledProgram(kept)(x), want, rtol=1e-4, atol=1e-4)
+    # without a rewrite there is no alternative
+    seen.clear()
+    monkeypatch.setattr(model_mod, "choose_libraries",
+                        lambda prog, *a, **k: (prog, None, None))
+    assert model_mod._checked(graph, originals, originals, cfg, [], None, False)[1] is None
+
+    # the report of a program that kept the original operators
+    def checked(graph, prog, raw, cfg, notes, cache=None, rewritten=False):
+        return postprocess(model_mod._originals(graph, raw, cfg)), "original operators"
+
+    monkeypatch.setattr(model_mod, "_checked", checked)
+    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False)
+    assert opt.report and all(r.chosen == "original operator" and not r.derivation and
+                              r.optimized_ms == r.original_ms for r in opt.report)
+    assert any("kept the original operators" in n for n in opt.notes)
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-4)

@@ -15,8 +15,12 @@ against the program with every convolution on one library of :data:`UNIFORM` and
 program whose runs of library operators are ONNX Runtime regions
 (:mod:`ollie.runtime.ort_region`: one session per run, in ONNX Runtime's blocked layout from
 one convolution to the next), in interleaved rounds (steady state), checks each variant
-against the reference outputs, and keeps the fastest. The choice is recorded in the kernels'
-``params["library"]`` / ``params["region"]``, so a saved program keeps it, and
+against the reference outputs, and keeps the fastest. ``ollie.optimize`` also passes the
+model's original operators (post-processed) as an alternative program when some subprogram
+was rewritten: a rewrite measured faster alone can be slower in the program (InfoGAN b1,
+2026-11-23: rewritten program 0.67 ms with oneDNN, original operators 0.50 ms), so the
+original operators are a candidate at the program level too. The choice is recorded in the
+kernels' ``params["library"]`` / ``params["region"]``, so a saved program keeps it, and
 ``ollie.optimize`` stores it in the cost cache (a warm re-optimisation does not time the
 program again).
 """
@@ -77,23 +81,37 @@ def with_library(prog: Program, library: str) -> Program:
 
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
-                     decided: str | None = None) -> tuple[Program, str | None, str | None]:
+                     decided: str | None = None,
+                     alternatives: Mapping[str, Program] | None = None
+                     ) -> tuple[Program, str | None, str | None]:
     """The fastest of ``prog`` (per-operator library choices) and its variants of
     :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
     must match ``want`` within ``rtol`` (relative to each output's largest magnitude).
-    ``decided``: a decision made before (a name of :data:`CHOICES` or ``"per operator"``,
-    e.g. from the cost cache), applied without timing (a variant is still checked). Returns
-    the program, the decision and a note (both None when ``prog`` has fewer than two library
-    convolutions: nothing to choose)."""
+    ``alternatives``: other programs for the same outputs (``ollie.optimize`` offers the model's
+    original operators when a subprogram was rewritten), timed with their own variants under
+    names ``"<alternative>: <decision>"``, and checked the same way. ``decided``: a decision
+    made before (e.g. from the cost cache), applied without timing (a variant is still
+    checked). Returns the program, the decision and a note (both None when there is nothing
+    to choose)."""
     from ollie.runtime.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
-    if sum(is_library_conv(k) for k in prog.kernels) < 2:
+    alternatives = alternatives or {}
+    if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
         return prog, None, None
     if decided == PER_OPERATOR:  # nothing to check: ``prog`` as it is
         return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
-    names = [decided] if decided in CHOICES else [PER_OPERATOR, *CHOICES]
-    variants = {n: v for n in names if (v := _variant(prog, n)) is not None}
+    variants: dict[str, Program] = {}
+    for base, program in {"": prog, **alternatives}.items():
+        names = [PER_OPERATOR]
+        if sum(is_library_conv(k) for k in program.kernels) >= 2:
+            names += CHOICES
+        for n in names:
+            name = f"{base}: {n}" if base else n
+            if decided in (None, name) and (v := _variant(program, n)) is not None:
+                variants[name] = v
+    if decided is not None and decided not in variants:  # a stale decision: time them all
+        return choose_libraries(prog, feeds, want, rtol, None, alternatives)
     fns = {}
     for name, variant in variants.items():
         try:
@@ -116,6 +134,12 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     return variants[best], best, f"convolution libraries: {_label(best)} ({detail})"
 
 
+def alternative_of(decision: str | None) -> str | None:
+    """The alternative program a decision of :func:`choose_libraries` picked, or None (the
+    program itself)."""
+    return decision.split(": ", 1)[0] if decision and ": " in decision else None
+
+
 def _variant(prog: Program, name: str) -> Program | None:
     """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
     if name == PER_OPERATOR:
@@ -130,6 +154,9 @@ def _variant(prog: Program, name: str) -> Program | None:
 
 
 def _label(decision: str) -> str:
+    base = alternative_of(decision)
+    if base is not None:
+        return f"{base}, {_label(decision.split(': ', 1)[1])}"
     if decision == PER_OPERATOR:
         return "chosen per operator"
     if decision == REGIONS:
