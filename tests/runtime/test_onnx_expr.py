@@ -108,6 +108,17 @@ def test_nested_scopes_and_unread_iterators():
     _check("A: [3]\nL<i=0:3> Sum<s=0:5> A[i]")
 
 
+def test_padding_is_of_the_read_not_of_the_tensor():
+    # a small tensor read over a long range: slice what exists, pad that to the read
+    expr = ollie.parse("A: [30, 4]\nL<i=0:40, j=0:4> A[i - 20, j]")
+    _check(str(expr))
+    b, _ = _emit(expr)
+    assert max(math.prod(s) for s in b.shapes.values()) == 40 * 4
+    assert _ops(b).index("Slice") < _ops(b).index("Pad")
+    # a read entirely outside the tensor is zeros
+    _check("A: [2]\nL<i=0:5> A[i + 10] + 1.0")
+
+
 def test_nan_outside_the_read_positions_does_not_leak():
     expr = ollie.parse("A: [4]\nL<i=0:6> A[i - 1]")
     a = np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)

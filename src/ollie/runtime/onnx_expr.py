@@ -328,7 +328,7 @@ class _Scope:
 
     def _strided(self, src: str, pattern: Sequence[tuple[int, int, int | None]],
                  offsets: Sequence[int], sub: tuple[int, ...]) -> str:
-        """``Pad`` (zeros, when the read reaches outside the tensor) + ``Slice`` +
+        """``Slice`` + ``Pad`` (zeros, when the read reaches outside the tensor) +
         ``Transpose`` + ``Reshape``: the reads of a :meth:`_pattern`, or the tensor itself
         (reshaped) when the read is the whole tensor in order."""
         dims = self.b.shapes[src]
@@ -343,26 +343,29 @@ class _Scope:
                 starts.append(d + c * it.lo - off)
                 steps.append(c)
                 lengths.append(it.size)
-        lo = [max(0, -s) for s in starts]
-        hi = [max(0, s + st * (n - 1) - (dim - 1))
-              for s, st, n, dim in zip(starts, steps, lengths, dims, strict=True)]
+        # the positions inside the tensor: a slice, then zeros around it (a pad of the read,
+        # not of the tensor: an OffsetAdd term reading a small tensor over a large grid)
+        first = [-(s // st) if s < 0 else 0 for s, st in zip(starts, steps, strict=True)]
+        last = [min(n, (dim - 1 - s) // st + 1) if dim - 1 - s >= 0 else 0
+                for s, st, n, dim in zip(starts, steps, lengths, dims, strict=True)]
+        if any(b <= a for a, b in zip(first, last, strict=True)):
+            return self._scalar(0.0)  # nothing inside: zeros
         y = src
-        if any(lo) or any(hi):
-            padded = tuple(dim + a + b for dim, a, b in zip(dims, lo, hi, strict=True))
-            _check_size(math.prod(padded), "a padded read")
-            y = _out(self.b, "Pad", [src, self.b.const("pads", _ints(lo + hi))], padded,
-                     "pad", mode="constant")
-            starts = [s + a for s, a in zip(starts, lo, strict=True)]
-        shape = tuple(self.b.shapes[y])
-        if any(s != 0 or st != 1 or n != dim
-               for s, st, n, dim in zip(starts, steps, lengths, shape, strict=True)):
-            ends = [s + st * (n - 1) + 1 for s, st, n in zip(starts, steps, lengths,
+        begin = [s + st * a for s, st, a in zip(starts, steps, first, strict=True)]
+        inside = [b - a for a, b in zip(first, last, strict=True)]
+        if any(b != 0 or st != 1 or n != dim
+               for b, st, n, dim in zip(begin, steps, inside, dims, strict=True)):
+            ends = [b + st * (n - 1) + 1 for b, st, n in zip(begin, steps, inside,
                                                             strict=True)]
-            y = _out(self.b, "Slice", [y, self.b.const("starts", _ints(starts)),
+            y = _out(self.b, "Slice", [y, self.b.const("starts", _ints(begin)),
                                        self.b.const("ends", _ints(ends)),
                                        self.b.const("axes", _ints(range(len(dims)))),
                                        self.b.const("steps", _ints(steps))],
-                     tuple(lengths), "slice")
+                     tuple(inside), "slice")
+        after = [n - b for n, b in zip(lengths, last, strict=True)]
+        if any(first) or any(after):
+            y = _out(self.b, "Pad", [y, self.b.const("pads", _ints(first + after))],
+                     tuple(lengths), "pad", mode="constant")
         moving = [d for d, (_, _, axis) in enumerate(pattern) if axis is not None]
         order = sorted(moving, key=lambda d: pattern[d][2])  # type: ignore[arg-type,return-value]
         if order != moving:
