@@ -10,6 +10,7 @@ from torch import nn
 
 import ollie
 from ollie.graph import run_graph
+from ollie.optimizer.final import libraries as _libraries
 from ollie.optimizer.libraries import (
     CHOICES,
     PER_OPERATOR,
@@ -19,7 +20,7 @@ from ollie.optimizer.libraries import (
     is_library_conv,
     with_library,
 )
-from ollie.optimizer.model import OptimizeConfig, OptimizedModel, _libraries, to_graph
+from ollie.optimizer.model import OptimizeConfig, OptimizedModel, to_graph
 from ollie.program.program import Program
 from ollie.runtime import onednn
 from ollie.runtime.executor import CompiledProgram
@@ -149,6 +150,7 @@ def test_the_original_operators_are_an_alternative_timed_and_checked():
 def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     """With a rewritten subprogram, the original operators (post-processed) are offered as
     an alternative program; when they win, ``optimize`` keeps them and its report says so."""
+    from ollie.optimizer import final
     from ollie.optimizer import model as model_mod
     from ollie.program.postprocess import postprocess
 
@@ -169,9 +171,10 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
         return alternatives["original operators"], "original operators: per operator", \
             "convolution libraries: original operators, chosen per operator (test)"
 
-    monkeypatch.setattr(model_mod, "choose_libraries", originals_win)
+    monkeypatch.setattr(final, "choose_libraries", originals_win)
     notes: list[str] = []
-    kept, alt = model_mod._checked(graph, originals, originals, cfg, notes, None, True)
+    kept, alt = final.checked(graph, originals, originals, cfg, notes, None,
+                              postprocess(originals))
     assert alt == "original operators" and kept is seen["original operators"]
     assert [k.kind for k in kept.kernels] == ["Node", "Node"]  # ReLU folded
     assert len(kept.kernels) < len(originals.kernels)
@@ -179,15 +182,14 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     torch.testing.assert_close(CompiledProgram(kept)(x), want, rtol=1e-4, atol=1e-4)
     # without a rewrite there is no alternative
     seen.clear()
-    monkeypatch.setattr(model_mod, "choose_libraries",
-                        lambda prog, *a, **k: (prog, None, None))
-    assert model_mod._checked(graph, originals, originals, cfg, [], None, False)[1] is None
+    monkeypatch.setattr(final, "choose_libraries", lambda prog, *a, **k: (prog, None, None))
+    assert final.checked(graph, originals, originals, cfg, [], None, None)[1] is None
 
     # the report of a program that kept the original operators
-    def checked(graph, prog, raw, cfg, notes, cache=None, rewritten=False):
+    def checked(graph, prog, raw, cfg, notes, cache=None, originals=None):
         return postprocess(model_mod._originals(graph, raw, cfg)), "original operators"
 
-    monkeypatch.setattr(model_mod, "_checked", checked)
+    monkeypatch.setattr(model_mod, "checked", checked)
     opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False)
     assert opt.report and all(r.chosen == "original operator" and not r.derivation and
                               r.optimized_ms == r.original_ms for r in opt.report)

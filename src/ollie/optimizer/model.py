@@ -14,12 +14,13 @@
    fusion across subprogram boundaries (an OffsetAdd with the following bias and ReLU),
    identity elimination.
 6. The optimised program is checked against the original model on random inputs before it is
-   returned; if it disagrees, Ollie falls back to the original operators and says so.
+   returned; if it disagrees, Ollie falls back to the original operators and says so. On the
+   CPU its libraries, and after a rewrite the original operators, are then chosen for the
+   whole program by measurement (:mod:`ollie.optimizer.final`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -33,9 +34,9 @@ import torch
 
 from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
-from ollie.graph import Graph, Node, run_graph
+from ollie.graph import Graph, Node
 from ollie.ir import Expr
-from ollie.optimizer.libraries import CHOICES, alternative_of, choose_libraries, rel_err
+from ollie.optimizer.final import ORIGINAL, ORIGINALS, checked, node_kernel
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -240,8 +241,7 @@ class _Optimizer:
 
     def node_kernel(self, node: Node) -> list[Kernel]:
         """The node run as it is, by the reference executor."""
-        return [Kernel("Node", {"node": node, "op": node.op}, tuple(node.inputs),
-                       node.outputs[0], None, (), tuple(self.graph.shape(node.outputs[0])))]
+        return [node_kernel(self.graph, node)]
 
     def other_node(self, node: Node) -> list[Kernel]:
         """Element-wise / layout operators as eOperators; the rest run as they are."""
@@ -404,7 +404,8 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     prog = postprocess(raw)
     notes = [*opt.notes, describe_postprocess(raw, prog)]
     rewritten = any(r.chosen != ORIGINAL for r in opt.report)
-    prog, chosen = _checked(graph, prog, raw, cfg, notes, opt.cache, rewritten)
+    originals = postprocess(_originals(graph, raw, cfg)) if rewritten else None
+    prog, chosen = checked(graph, prog, raw, cfg, notes, opt.cache, originals)
     report = opt.report
     if chosen == ORIGINALS:
         report = [replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms)
@@ -415,19 +416,6 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), device)
 
 
-ORIGINAL = "original operator"
-"""A report's ``chosen`` for a subprogram kept as it is."""
-
-ORIGINALS = "original operators"
-"""The program-level alternative to the optimised program (:func:`_checked`)."""
-
-
-def _all_nodes(graph: Graph, raw: Program, cfg: OptimizeConfig) -> Program:
-    """Every operator of the model run as it is (the fallback)."""
-    nodes = [k for n in graph.nodes for k in _Optimizer(graph, cfg, None).node_kernel(n)]
-    return Program(raw.inputs, raw.outputs, nodes, dict(graph.initializers))
-
-
 def _originals(graph: Graph, raw: Program, cfg: OptimizeConfig) -> Program:
     """The program the optimiser builds when every subprogram keeps its original operator:
     compute operators as they are, element-wise and layout operators as eOperators (so that
@@ -436,68 +424,6 @@ def _originals(graph: Graph, raw: Program, cfg: OptimizeConfig) -> Program:
     kernels = [k for n in graph.nodes
                for k in (o.node_kernel(n) if n.op in COMPUTE_OPS else o.other_node(n))]
     return Program(raw.inputs, raw.outputs, kernels, o.constants)
-
-
-def _checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
-             notes: list[str], cache: CostCache | None = None, rewritten: bool = False
-             ) -> tuple[Program, str | None]:
-    """The first of (post-processed, raw, original operators) that matches the original
-    model on random inputs; on the CPU, with its convolution libraries chosen for the whole
-    program (:func:`ollie.optimizer.libraries.choose_libraries`). When some subprogram was
-    ``rewritten``, the original operators (post-processed) are timed against it there too: a
-    rewrite that won alone can lose in the program (an isolated original operator runs with
-    cold caches; in an ONNX Runtime region, ONNX Runtime fuses it with its neighbours).
-    Returns the program and :data:`ORIGINALS` when that alternative was kept, else None."""
-    rng = np.random.default_rng(cfg.seed + 1)
-    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
-             for n, s in graph.inputs}
-    want = run_graph(graph, feeds)
-    for label, candidate in (("optimised", prog), ("without post-processing", raw)):
-        try:
-            got = CompiledProgram(candidate, cfg.device).run(feeds)
-        except OllieError as exc:
-            notes.append(f"{label} program failed to run: {exc}")
-            continue
-        err = max(rel_err(got[o], want[o]) for o in graph.outputs)
-        if err <= cfg.check_rtol:
-            notes.append(f"checked against the original model: max relative error {err:.2e}")
-            alternatives = {ORIGINALS: postprocess(_originals(graph, raw, cfg))} \
-                if rewritten else {}
-            return _libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
-        notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
-    notes.append("falling back to the original operators")
-    return _libraries(_all_nodes(graph, raw, cfg), feeds, want, cfg, notes, cache)[0], None
-
-
-def _digest(prog: Program) -> str:
-    doc = json.dumps([prog.inputs, prog.outputs,
-                      [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
-                       for kn in prog.kernels]], sort_keys=True)
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def _libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
-               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
-               cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
-               ) -> tuple[Program, str | None]:
-    """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
-    ``cache`` under a digest of the programs' kernels and the device; returns the program
-    and the alternative chosen (None: ``prog``)."""
-    if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
-        return prog, None
-    alternatives = alternatives or {}
-    # the choices offered are part of the key: a new choice is timed, not skipped
-    digests = "+".join(_digest(p) for p in (prog, *alternatives.values()))
-    key = f"libraries|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
-        f"{device_key(cfg.device)}"
-    decided = cache.get_decision(key) if cache is not None else None
-    prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
-                                            alternatives)
-    if note:
-        notes.append(note)
-    if cache is not None and decision is not None and decision != decided:
-        cache.put_decision(key, decision)
-    return prog, alternative_of(decision)
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

@@ -11,12 +11,17 @@ axes it does not depend on; a ``ReduceSum`` over the summation axes; an ``Expand
 scope's shape when some traversal iterator is read by nothing. A read ``T[i...]`` becomes,
 fastest first:
 
-* ``Reshape`` when it reads ``T`` whole in its flat order (element-wise operands, biases);
-* ``Slice`` (+ ``Transpose`` + ``Reshape``) when each index is ``c*x + d`` (``c > 0``) with a
-  different iterator per dimension and every position it reads exists (strided layouts);
-* ``Gather`` of the flattened tensor at constant positions computed here with numpy, followed
-  by ``Where`` with a constant mask when some positions lie outside ``T`` (they read 0, as in
-  the reference semantics; the gathered position is clipped first so NaN/inf never leak).
+* ``Slice`` + ``Pad`` + ``Transpose`` + ``Reshape``, each only where needed, when each index
+  is ``c*x + d`` (``c > 0``) with a different iterator per dimension (a whole tensor in order
+  is a bare ``Reshape``: element-wise operands, biases). The slice takes the positions that
+  exist, the pad adds the zeros read outside ``T`` around them (strided layouts, shifts);
+* otherwise ``Gather`` of the flattened tensor at constant positions computed here with
+  numpy, followed by ``Where`` with a constant mask when some positions lie outside ``T``
+  (they read 0, as in the reference semantics; the gathered position is clipped first so
+  NaN/inf never leak).
+
+A sum of at most :data:`UNROLL` terms whose reads only become strided with its iterators
+fixed (an OffsetAdd) is unrolled into that many shifted reads added up.
 
 A nested scope is emitted first, as a tensor of its own shape read with the ``lo`` of its
 traversal iterators as offset. Sizes are bounded (:data:`MAX_ELEMENTS`): a larger grid or
@@ -35,7 +40,7 @@ from typing import Protocol
 import numpy as np
 
 from ollie.errors import UnsupportedError
-from ollie.ir import Access, BinOp, Call, Const, Expr, Neg, Scope
+from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
 from ollie.ir.index import Affine, Var
 from ollie.ir.nodes import Node, accesses
 from ollie.program.kernel import View
@@ -375,47 +380,10 @@ class _Scope:
         return self.b.reshape(y, sub)
 
 
-def needs_gather(expr: Expr) -> bool:
-    """Whether :func:`emit_scope` reads some tensor of ``expr`` through a ``Gather`` (a slow
-    form: an index tensor as large as the read); raises UnsupportedError as the emission
-    does."""
-    b = _Recorder({n: tuple(s) for n, s in expr.decls})
-    emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
-    return "Gather" in b.ops
-
-
-class _Recorder:
-    """An :class:`Emitter` that only records operator names and shapes."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.shapes = shapes
-        self.ops: list[str] = []
-        self.count = 0
-
-    def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str:
-        self.ops.append(op)
-        self.count += 1
-        return f"v{self.count}"
-
-    def const(self, name: str, value: np.ndarray | None = None) -> str:
-        self.count += 1
-        out = f"c{self.count}"
-        self.shapes[out] = tuple(np.shape(value)) if value is not None else ()
-        return out
-
-    def reshape(self, name: str, shape: Sequence[int]) -> str:
-        if tuple(self.shapes[name]) == tuple(shape):
-            return name
-        out = self.node("Reshape", [name], "r")
-        self.shapes[out] = tuple(shape)
-        return out
-
-
 def emit_scope(b: Emitter, scope: Scope, sources: Mapping[str, str]) -> str:
     """The ONNX value (shape ``scope.shape``) of ``scope``; ``sources`` maps each input tensor
     it reads to an ONNX value of the tensor's declared shape."""
     return _Scope(b, scope, sources, {}).emit()
 
 
-__all__ = ["MAX_ELEMENTS", "UNROLL", "Emitter", "emit_scope", "needs_gather", "view_gathers",
-           "view_read"]
+__all__ = ["MAX_ELEMENTS", "UNROLL", "Emitter", "emit_scope", "view_gathers", "view_read"]

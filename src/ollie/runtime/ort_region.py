@@ -141,13 +141,23 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
                for s in (root, *nested_scopes(root))) and _cheap(k.expr)
 
 
+def needs_gather(expr: Expr) -> bool:
+    """Whether :func:`ollie.runtime.onnx_expr.emit_scope` reads some tensor of ``expr``
+    through a ``Gather`` (an index tensor as large as the read); raises UnsupportedError as
+    the emission does."""
+    from ollie.runtime.onnx_expr import emit_scope
+
+    b = _Builder({}, {n: tuple(s) for n, s in expr.decls})
+    emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
+    return any(node.op_type == "Gather" for node in b.nodes)
+
+
 @functools.lru_cache(maxsize=1024)
 def _cheap(expr: Expr) -> bool:
     """Whether ``expr`` becomes ONNX operators without a ``Gather`` (a scatter-like selective
     add would gather its whole iteration grid: slower in ONNX Runtime than the generated
     kernel, measured on GCN)."""
     from ollie.errors import UnsupportedError
-    from ollie.runtime.onnx_expr import needs_gather
 
     try:
         return not needs_gather(expr)
@@ -455,4 +465,4 @@ def _agrees(region: Region, prog: Program, start: int, end: int,
 
 
 __all__ = ["LIBRARY", "Region", "build_region", "exportable", "groups", "mark_regions",
-           "spans"]
+           "needs_gather", "spans"]

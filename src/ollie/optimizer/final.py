@@ -1,0 +1,112 @@
+"""The optimised program's last steps in ``ollie.optimize``: the end-to-end check against the
+original model on random inputs, and the program-level choice of libraries and (after a
+rewrite) of the original operators, kept in the cost cache.
+
+The first of (post-processed program, program without post-processing, every operator as it
+is) that matches the model is kept; on the CPU, :func:`ollie.optimizer.libraries.
+choose_libraries` then times its library variants, and, when some subprogram was rewritten,
+those of the model's original operators (post-processed the same way): a rewrite that won
+alone can lose in the program (an isolated original operator runs with cold caches; in an
+ONNX Runtime region, ONNX Runtime fuses it with its neighbours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ollie.errors import OllieError
+from ollie.graph import Graph, Node, run_graph
+from ollie.optimizer.libraries import CHOICES, alternative_of, choose_libraries, rel_err
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program, kernel_to_json
+from ollie.runtime.executor import CompiledProgram
+from ollie.tune.cache import CostCache, device_key
+
+if TYPE_CHECKING:
+    from ollie.optimizer.model import OptimizeConfig
+
+ORIGINAL = "original operator"
+"""A report's ``chosen`` for a subprogram kept as it is."""
+
+ORIGINALS = "original operators"
+"""The program-level alternative to the optimised program (:func:`checked`)."""
+
+
+def node_kernel(graph: Graph, node: Node) -> Kernel:
+    """``node`` run as it is, by the reference executor."""
+    return Kernel("Node", {"node": node, "op": node.op}, tuple(node.inputs), node.outputs[0],
+                  None, (), tuple(graph.shape(node.outputs[0])))
+
+
+def all_nodes(graph: Graph) -> Program:
+    """Every operator of the model run as it is (the fallback)."""
+    return Program(tuple((n, tuple(graph.shape(n))) for n in graph.input_names),
+                   tuple(graph.outputs), [node_kernel(graph, n) for n in graph.nodes],
+                   dict(graph.initializers))
+
+
+def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
+            notes: list[str], cache: CostCache | None = None,
+            originals: Program | None = None) -> tuple[Program, str | None]:
+    """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
+    random inputs, with its libraries chosen on the CPU (``originals``: the original
+    operators as an alternative program, offered when some subprogram was rewritten).
+    Returns the program and :data:`ORIGINALS` when that alternative was kept, else None."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
+             for n, s in graph.inputs}
+    want = run_graph(graph, feeds)
+    for label, candidate in (("optimised", prog), ("without post-processing", raw)):
+        try:
+            got = CompiledProgram(candidate, cfg.device).run(feeds)
+        except OllieError as exc:
+            notes.append(f"{label} program failed to run: {exc}")
+            continue
+        err = max(rel_err(got[o], want[o]) for o in graph.outputs)
+        if err <= cfg.check_rtol:
+            notes.append(f"checked against the original model: max relative error {err:.2e}")
+            alternatives = {ORIGINALS: originals} if originals is not None else {}
+            return libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
+        notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
+    notes.append("falling back to the original operators")
+    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None
+
+
+def _digest(prog: Program) -> str:
+    doc = json.dumps([prog.inputs, prog.outputs,
+                      [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
+                       for kn in prog.kernels]], sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
+              want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
+              cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
+              ) -> tuple[Program, str | None]:
+    """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
+    ``cache`` under a digest of the programs' kernels and the device; returns the program
+    and the alternative chosen (None: ``prog``)."""
+    if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
+        return prog, None
+    alternatives = alternatives or {}
+    # the choices offered are part of the key: a new choice is timed, not skipped
+    digests = "+".join(_digest(p) for p in (prog, *alternatives.values()))
+    key = f"libraries|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
+        f"{device_key(cfg.device)}"
+    decided = cache.get_decision(key) if cache is not None else None
+    prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
+                                            alternatives)
+    if note:
+        notes.append(note)
+    if cache is not None and decision is not None and decision != decided:
+        cache.put_decision(key, decision)
+    return prog, alternative_of(decision)
+
+
+__all__ = ["ORIGINAL", "ORIGINALS", "all_nodes", "checked", "libraries", "node_kernel"]
