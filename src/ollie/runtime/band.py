@@ -46,6 +46,7 @@ allocation is page-faulted in on every call).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -134,9 +135,11 @@ def _wide_plan(x: torch.Tensor, t: int, w: int, slack: int) -> tuple[int, int, t
     return inner, bc, _workspace(bc * per + 2 * slack, x)
 
 
+@functools.lru_cache(maxsize=64)
 def _clip_masks(m: int, w: int, t: int, device: torch.device) -> dict[int, torch.Tensor]:
     """For each block (start ``r0``) whose window is clipped: ``[tr, 2w+1]`` mask of the S
-    entries whose window column ``t + j`` lies in the computed ``[c0, c1)``."""
+    entries whose window column ``t + j`` lies in the computed ``[c0, c1)``. Cached: built once
+    per shape, so later calls copy nothing from the host (a CUDA graph cannot capture that)."""
     blocks = [(r0, *_window(m, w, r0, min(t, m - r0))) for r0 in range(0, m, t)]
     blocks = [(r0, c0, c1) for r0, c0, c1 in blocks if c0 or c1 < min(t, m - r0) + 2 * w]
     if not blocks:

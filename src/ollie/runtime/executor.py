@@ -329,11 +329,17 @@ def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | No
     raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")
 
 
+PROFILE_CALLS = 20
+"""Calls of a kernel captured in one CUDA graph by :meth:`CompiledProgram.profile`."""
+
+
 class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
 
-    def __init__(self, program: Program, device: str = "cpu", backend: str | None = None
-                 ) -> None:
+    def __init__(self, program: Program, device: str = "cpu", backend: str | None = None,
+                 cuda_graphs: bool | None = None) -> None:
+        """``cuda_graphs``: on a CUDA device, replay the program as a CUDA graph from its third
+        call on (:mod:`ollie.runtime.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``)."""
         program.check()
         self.program = program
         self.device = torch.device(device)
@@ -346,6 +352,13 @@ class CompiledProgram:
         self.in_region = [i in regions for i in range(len(program.kernels))]
         self.buffers = BufferCache() if self.device.type == "cpu" else None
         self._plan()
+        if cuda_graphs is None:
+            from ollie.runtime import cuda_graph
+
+            cuda_graphs = cuda_graph.enabled()
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self._graph: Callable[[], dict[str, torch.Tensor]] | None = None
+        self._static: Env = {}
 
     def _regions(self) -> dict[int, KernelFn]:
         """Kernel functions of the program's ONNX Runtime regions
@@ -406,7 +419,28 @@ class CompiledProgram:
         return torch.empty(shape, device=self.device)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
-        env: Env = dict(self.constants)
+        """The program's outputs for ``inputs`` (``{name: tensor or array}``), fresh tensors."""
+        feed = self._feed(inputs)
+        if not self.cuda_graphs:
+            return self._execute(feed)
+        from ollie.runtime.cuda_graph import Graphed
+
+        # the graph reads fixed input tensors: the caller's values are copied into them
+        with torch.inference_mode():
+            if self._graph is None:
+                self._static = {n: t.clone() for n, t in feed.items()}
+                self._graph = Graphed(lambda: self._execute(self._static),
+                                      f"program {self.program.summary()}")
+            else:
+                for name, t in feed.items():
+                    self._static[name].copy_(t)
+            outs = self._graph()
+        # the graph overwrites its outputs on the next call: the caller gets copies
+        return {n: t.clone() for n, t in outs.items()}
+
+    def _feed(self, inputs: Mapping[str, object]) -> Env:
+        """The program's inputs as float32 tensors on the device, shapes checked."""
+        env: Env = {}
         for name, shape in self.program.inputs:
             if name not in inputs:
                 raise ShapeError(f"missing input '{name}' (expected shape {list(shape)})")
@@ -417,6 +451,12 @@ class CompiledProgram:
             # a channels-last input (a convolution's output, in a selection measurement) is
             # kept so: every kernel reads it correctly, library convolutions without a copy
             env[name] = dense(t)
+        return env
+
+    def _execute(self, feed: Env) -> dict[str, torch.Tensor]:
+        """Run every kernel in order on the checked inputs ``feed``."""
+        env: Env = dict(self.constants)
+        env.update(feed)
         pool: dict[int, list[torch.Tensor]] = {}
         for k, fn, pooled, cached, release, shape, numel in zip(
                 self.program.kernels, self.fns, self.pooled, self.cached, self.release,
@@ -438,7 +478,10 @@ class CompiledProgram:
         """Median seconds of each kernel run on its own (inputs computed beforehand); a sample
         of a kernel faster than 1 ms times back-to-back calls (timer jitter). An ONNX Runtime
         region runs its whole session at its first kernel: that kernel's time is the region's,
-        its other kernels' times are those of passing a tensor on."""
+        its other kernels' times are those of passing a tensor on. With CUDA graphs on, a
+        sample replays a graph of :data:`PROFILE_CALLS` calls of the kernel: the kernel's time
+        on the device, without the launch overhead a program's graph does not pay either."""
+        from ollie.runtime.cuda_graph import Graphed
         from ollie.tune.measure import measure_alternating
 
         env = dict(self.constants)
@@ -448,9 +491,14 @@ class CompiledProgram:
         for k, fn in zip(self.program.kernels, self.fns, strict=True):
             out = torch.empty(tuple(k.output_shape), device=self.device) \
                 if k.kind in ("eOp", "Matmul") else None
-            times.append(measure_alternating({"k": lambda f=fn, o=out: f(env, o)},
-                                             self.device.type, rounds=repeats,
-                                             min_sample=1e-3)["k"])
+            call, calls = (lambda f=fn, o=out: f(env, o)), 1
+            if self.cuda_graphs:
+                calls = PROFILE_CALLS
+                call = Graphed(lambda f=fn, o=out: [f(env, o) for _ in range(PROFILE_CALLS)],
+                               f"kernel -> {k.output}")
+            with torch.inference_mode():
+                times.append(measure_alternating({"k": call}, self.device.type,
+                                                 rounds=repeats, min_sample=1e-3)["k"] / calls)
             env[k.output] = fn(env, out)
         return times
 
