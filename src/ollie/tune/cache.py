@@ -30,9 +30,16 @@ part of every key, so measurements and decisions of an older runtime are not reu
 
 
 def device_key(device: str) -> str:
-    """A description of the device (and runtime version) measurements are valid for."""
+    """A description of the device (and runtime version) measurements are valid for; on CUDA
+    also whether cuDNN / cuBLAS may use TensorFloat-32 and whether programs replay as CUDA
+    graphs (either changes the times)."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        return f"v{RUNTIME_VERSION}:cuda:{torch.cuda.get_device_name()}"
+        from ollie.runtime import cuda_graph
+
+        flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        tf32 = "tf32" + "".join(str(int(f)) for f in flags)
+        return f"v{RUNTIME_VERSION}:cuda:{torch.cuda.get_device_name()}:torch{torch.__version__}:" \
+               f"{tf32}:graphs{int(cuda_graph.enabled())}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"v{RUNTIME_VERSION}:cpu:{platform.machine()}:{platform.processor() or '-'}:{cores}c:" \
            f"torch{torch.__version__}:threads{torch.get_num_threads()}"
