@@ -15,6 +15,19 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def full_fp32(device: str) -> str:
+    """On CUDA, turn TensorFloat-32 off in cuDNN and cuBLAS for every system of a benchmark
+    (PyTorch lets cuDNN round float32 products to TF32 by default: outputs then differ from
+    float32 by ~1e-3 of their magnitude, torch.compile's from eager's by as much, and no
+    program can be checked to match within 1e-3). Returns a sentence for the results."""
+    if torch.device(device).type != "cuda":
+        return ""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return ("Every system computes in full float32: TensorFloat-32 is off in cuDNN and cuBLAS "
+            "(PyTorch turns it on for cuDNN by default; outputs would then differ by ~1e-3).")
+
+
 def ort_session(model_bytes: bytes, threads: int | None = None):
     """An ONNX Runtime CPU session with every graph optimisation and ``threads`` intra-op
     threads (default: cores), whose threads do not spin after a run."""

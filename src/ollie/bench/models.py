@@ -15,6 +15,13 @@ in its steady state, as a model served in a loop runs):
   so it is "n/a" there;
 * Ollie's optimised program.
 
+With ``device="cuda"`` (``--device cuda``) the modules, inputs and Ollie's programs live on the
+GPU; ONNX Runtime is left out (a CPU runtime says nothing of a GPU program) and PyTorch eager
+replayed as a CUDA graph is a peer too ("eager + CUDA graph"), since Ollie's programs replay as
+CUDA graphs (:mod:`ollie.runtime.cuda_graph`); every system computes in full float32
+(TensorFloat-32 off: :func:`~ollie.bench.baselines.full_fp32`). The rates of the roofline are
+the GPU's and the files are ``models_cuda.*``.
+
 Also per model: a roofline lower bound ``max(FLOPs / matmul rate, bytes / copy bandwidth)``
 with FLOPs counted from the graph (Conv, ConvTranspose, MatMul/Gemm, G2BMM, GBMM via shapes),
 the matmul rate of a large ``torch.matmul`` and the copy bandwidth measured on this machine,
@@ -43,14 +50,15 @@ from pathlib import Path
 import torch
 
 import ollie
-from ollie.bench.baselines import cores, ort_session
+from ollie.bench.baselines import cores, full_fp32, ort_session
 from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
 from ollie.tune.measure import measure, measure_alternating
 
 DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
 DEFAULT_BATCHES = (1, 16)
-PEERS = ("eager", "torch.compile", "ORT")
+GRAPHED = "eager + CUDA graph"
+PEERS = ("eager", "torch.compile", "ORT", GRAPHED)
 SYSTEMS = (*PEERS, "Ollie")
 RTOL = 1e-3
 LOAD_WARN = 2.5
@@ -64,7 +72,7 @@ def loadavg() -> float:
         return float("nan")
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
     import onnxruntime
 
     cpu = platform.processor() or platform.machine()
@@ -77,15 +85,19 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "cores": cores(), "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "loadavg_start": loadavg()}
+            "date": time.strftime("%Y-%m-%d %H:%M"), "loadavg_start": loadavg(),
+            "device": device,
+            **({"gpu": torch.cuda.get_device_name(device)} if device != "cpu" else {})}
 
 
-def matmul_rate(sizes: tuple[int, ...] = (1024, 2048)) -> float:
-    """FLOP/s of large square ``torch.matmul``s (the best run: a busy machine only slows)."""
+def matmul_rate(sizes: tuple[int, ...] = (1024, 2048), device: str = "cpu") -> float:
+    """FLOP/s of large square float32 ``torch.matmul``s (the best run: a busy machine only
+    slows)."""
     best = 0.0
     for n in sizes:
-        a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-        secs = min(measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), repeats=5)
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        c = torch.empty(n, n, device=device)
+        secs = min(measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), device, repeats=5)
                    for _ in range(3))
         best = max(best, 2 * n ** 3 / secs)
     return best
@@ -144,12 +156,15 @@ def _too_big(name: str, batch: int) -> str | None:
     return None
 
 
-def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print) -> dict:
+def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
+            device: str = "cpu") -> dict:
     row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
     notes = row["notes"]
     module, inputs = ollie.zoo.get(name, batch)
+    module = module.to(device)
+    inputs = tuple(t.to(device) for t in inputs)
     with torch.inference_mode():
-        ref = module(*inputs)
+        ref = module(*inputs).cpu()
 
     from ollie.optimizer.model import to_graph
     flops, nbytes = graph_costs(to_graph(module, inputs))
@@ -158,6 +173,11 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
                bound="compute" if t_c >= t_m else "memory")
 
     fns: dict[str, Callable[[], object]] = {"eager": lambda: module(*inputs)}
+    if device != "cpu":
+        from ollie.runtime.cuda_graph import Graphed
+
+        graphed = Graphed(lambda: module(*inputs), GRAPHED)
+        fns[GRAPHED] = lambda: graphed().clone()
     # torch.compile with frozen weights, warmed up
     try:
         torch._dynamo.reset()
@@ -168,13 +188,15 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             got = compiled(*inputs)
             compiled(*inputs)
         row["compile_s"] = time.perf_counter() - t0
-        row["errors"]["torch.compile"] = rel_err(got, ref)
+        row["errors"]["torch.compile"] = rel_err(got.cpu(), ref)
         fns["torch.compile"] = lambda: compiled(*inputs)
         log(f"  torch.compile: compiled and warmed up in {row['compile_s']:.1f} s")
     except Exception as e:  # a peer's failure is a result
         notes.append(f"torch.compile failed: {_first_line(e)}")
     # ONNX Runtime
-    if name == "longformer":
+    if device != "cpu":
+        notes.append("ORT n/a: timed on the CPU only")
+    elif name == "longformer":
         notes.append("ORT n/a: G2BMM/GBMM export as custom-domain ollie ops, which have no "
                      "ONNX Runtime kernel")
     else:
@@ -190,13 +212,13 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             notes.append(f"ORT failed: {_first_line(e)}")
     # Ollie: cold, checked, then warm re-optimisation
     t0 = time.perf_counter()
-    prog = ollie.optimize(module, inputs, "cpu", time_budget=budget)
+    prog = ollie.optimize(module, inputs, device, time_budget=budget)
     row["optimize_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ollie.optimize(module, inputs, "cpu", time_budget=budget)
+    ollie.optimize(module, inputs, device, time_budget=budget)
     row["reoptimize_s"] = time.perf_counter() - t0
     with torch.inference_mode():
-        row["errors"]["Ollie"] = err = rel_err(prog(*inputs), ref)
+        row["errors"]["Ollie"] = err = rel_err(prog(*inputs).cpu(), ref)
     row["ollie_correct"] = err < RTOL
     if not row["ollie_correct"]:
         notes.append(f"Ollie output WRONG (relative error {err:.1e})")
@@ -215,7 +237,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     # steady state: a sample is one untimed call then >= 20 ms of back-to-back calls, so that
     # each system runs as when serving in a loop, not from the thread / cache state the
     # previously timed system left behind (see measure_alternating's lead_calls)
-    times = measure_alternating(fns, "cpu", rounds=15, max_seconds=60.0, min_sample=0.02,
+    times = measure_alternating(fns, device, rounds=15, max_seconds=60.0, min_sample=0.02,
                                 lead_calls=1)
     row["loadavg_after"] = loadavg()
     if max(row["loadavg"], row["loadavg_after"]) > LOAD_WARN:
@@ -253,30 +275,36 @@ def summary(rows: list[dict]) -> dict:
 
 def markdown(rows: list[dict], info: dict) -> str:
     s = summary(rows)
-    lines = [f"# End-to-end benchmark ({info['date']})", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores ({info.get('threads', '?')} "
+    cpu = info.get("device", "cpu") == "cpu"
+    peers = [p for p in PEERS if (p == "ORT" and cpu) or
+             any(p in r.get("times_ms", {}) for r in rows)]
+    gpu = f"GPU {info['gpu']}, host " if info.get("gpu") else ""
+    lines = [f"# End-to-end benchmark ({info['date']}, {info.get('device', 'cpu')})", "",
+             f"Machine: {gpu}{info['cpu']}, {info['cores']} cores ({info.get('threads', '?')} "
              f"threads per system), torch {info['torch']}, "
              f"onnxruntime {info['onnxruntime']}, Python {info['python']}; matmul rate "
              f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
              f"{info['copy_bytes'] / 1e9:.1f} GB/s; load average {info['loadavg_start']:.2f} "
              f"at start, {info.get('loadavg_end', float('nan')):.2f} at end. Search budget "
-             f"{info['budget']:g} s per distinct subprogram.", "",
-             "| model | batch | eager ms | torch.compile ms | ORT ms | Ollie ms | speedup vs "
-             "eager | speedup vs best peer | roofline ms | optimisation s | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"{info['budget']:g} s per distinct subprogram. {info.get('precision', '')}",
+             "",
+             "| model | batch | " + "".join(f"{p} ms | " for p in peers) + "Ollie ms | "
+             "speedup vs eager | speedup vs best peer | roofline ms | optimisation s | notes |",
+             "|---|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---|"]
     for r in rows:
         t = r.get("times_ms", {})
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | | {r['skipped']} |")
+            lines.append(f"| {r['model']} | {r['batch']} | " + "| " * (len(peers) + 5) +
+                         f"| {r['skipped']} |")
             continue
         notes = [f"{r['rewritten']} subprograms rewritten", f"{r['bound']}-bound"] + r["notes"]
         lines.append(
-            f"| {r['model']} | {r['batch']} | {_ms(t.get('eager'))} | "
-            f"{_ms(t.get('torch.compile'))} | {_ms(t.get('ORT'))} | {_ms(t.get('Ollie'))} | "
+            f"| {r['model']} | {r['batch']} | " + "".join(f"{_ms(t.get(p))} | " for p in peers) +
+            f"{_ms(t.get('Ollie'))} | "
             f"{r['speedup_vs_eager']:.2f}x | {r['speedup_vs_best']:.2f}x ({r['best_peer']}) | "
             f"{_ms(r['roofline_ms'])} | {r['optimize_s']:.1f} | {'; '.join(notes)} |")
-    lines += ["", f"Geometric-mean speedup of Ollie over the best of eager / torch.compile / "
-                  f"ORT: **{s['geomean_vs_best_peer']:.2f}x**; over PyTorch eager: "
+    lines += ["", f"Geometric-mean speedup of Ollie over the best of {' / '.join(peers)}: "
+                  f"**{s['geomean_vs_best_peer']:.2f}x**; over PyTorch eager: "
                   f"**{s['geomean_vs_eager']:.2f}x** ({s['rows_in_geomean']} model/batch "
                   "pairs with a correct Ollie program).", "",
               "Warm re-optimisation (same model optimised again in the same process, "
@@ -317,26 +345,31 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.bar(xs, ys, width, label=name)
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], groups, fontsize=7)
-    ax.set_ylabel("speedup over the best of eager, torch.compile, ORT")
+    ax.set_ylabel("speedup over the best peer")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _suffix(device: str) -> str:
+    return "" if device == "cpu" else "_" + device.split(":")[0]
+
+
 def write(rows: list[dict], info: dict, out: Path) -> str:
     text = markdown(rows, info)
-    (out / "models.md").write_text(text)
-    (out / "models.json").write_text(json.dumps(
+    stem = "models" + _suffix(info.get("device", "cpu"))
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(
         {"machine": info, "summary": summary(rows), "rows": rows}, indent=1, default=str))
-    plot(rows, out / "models.png")
+    plot(rows, out / f"{stem}.png")
     return text
 
 
 def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
-         log: Callable = print) -> int:
+         log: Callable = print, device: str = "cpu") -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
@@ -345,15 +378,17 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     out.mkdir(parents=True, exist_ok=True)
     os.environ["OLLIE_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-")
     torch.set_num_threads(threads or cores())
-    info = machine()
-    info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(),
-                copy_bytes=copy_bandwidth("cpu"), budget=budget)
+    info = machine(device)
+    info["precision"] = full_fp32(device)
+    info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
+                copy_bytes=copy_bandwidth(device), budget=budget)
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
         f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
         f"load {info['loadavg_start']}")
     rows: list[dict] = []
-    if keep and (out / "models.json").exists():
-        rows = json.loads((out / "models.json").read_text())["rows"]
+    saved = out / f"models{_suffix(device)}.json"
+    if keep and saved.exists():
+        rows = json.loads(saved.read_text())["rows"]
         for r in rows:  # one roofline for all rows: this run's rates
             if "gflops" in r:
                 t_c = r["gflops"] * 1e9 / info["matmul_flops"]
@@ -367,7 +402,7 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
             why = _too_big(name, batch)
             try:
                 row = ({"model": name, "batch": batch, "skipped": why} if why else
-                       run_one(name, batch, budget, info, log))
+                       run_one(name, batch, budget, info, log, device))
             except Exception as e:  # keep going, say what broke
                 import traceback
 

@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 import ollie
-from ollie.bench.baselines import best_of, cores, g2bmm_formulations, ort_single_op
+from ollie.bench.baselines import best_of, cores, full_fp32, g2bmm_formulations, ort_single_op
 from ollie.bench.cases import CASES
 from ollie.optimizer.select import select
+from ollie.runtime import cuda_graph
 from ollie.runtime.executor import CompiledProgram
 from ollie.semantics.check import random_inputs
 from ollie.tune.cache import CostCache
@@ -41,28 +42,64 @@ def copy_bandwidth(device: str = "cpu", mbytes: int = 256) -> float:
     return 2 * 4 * n / secs
 
 
+GRAPHED = " + CUDA graph"
+"""Suffix of a baseline replayed as a CUDA graph (on CUDA, where Ollie's programs are)."""
+
+
+def same_size_copy(nbytes: int, device: str) -> float:
+    """Bytes per second of a copy moving ``nbytes`` (read + write), timed as
+    :meth:`~ollie.runtime.executor.CompiledProgram.profile` times a kernel (on CUDA a graph of
+    back-to-back calls): the reference for an eOperator moving as many bytes, whose data sits
+    in the same level of cache (an H100's 50 MB L2 holds many of them)."""
+    from ollie.runtime.executor import PROFILE_CALLS
+
+    src = torch.empty(max(1, nbytes // 8), device=device)
+    dst = torch.empty_like(src)
+    graphs = torch.device(device).type == "cuda" and cuda_graph.enabled()
+    calls = PROFILE_CALLS if graphs else 1
+
+    def fn() -> object:
+        return [dst.copy_(src) for _ in range(calls)]
+
+    fn = cuda_graph.Graphed(fn, "copy") if graphs else fn
+    secs = measure_alternating({"copy": fn}, device, rounds=5, min_sample=1e-3)["copy"]
+    return 2 * 4 * src.numel() * calls / secs
+
+
 def _baselines(name: str, expr, inputs: dict[str, np.ndarray], device: str) -> dict:
+    """The case's original operator(s), first the one the selection measures against. On
+    CUDA: PyTorch's, also replayed as a CUDA graph (output copied, as Ollie's programs do); ONNX
+    Runtime only on the CPU (a CPU baseline says nothing of a GPU program)."""
     t = {n: torch.as_tensor(v, device=device) for n, v in inputs.items()}
     out_shape = expr.shape
+    ort = torch.device(device).type == "cpu"
+    base: dict = {}
     if name in ("conv3x3", "conv5x5", "conv1x7", "conv9x9"):
         k = inputs["K"].shape[2]
         pad = k // 2
-        eager = {"PyTorch eager": lambda: F.conv2d(t["A"], t["K"], padding=pad)}
-        eager["ONNX Runtime"] = ort_single_op("Conv", {"A": inputs["A"]}, {"K": inputs["K"]},
-                                              out_shape, pads=[pad] * 4)
-        return eager
-    if name == "convtranspose":
-        return {"PyTorch eager": lambda: F.conv_transpose2d(t["X"], t["W"], stride=2, padding=1),
-                "ONNX Runtime": ort_single_op("ConvTranspose", {"X": inputs["X"]},
-                                              {"W": inputs["W"]}, out_shape, strides=[2, 2],
-                                              pads=[1, 1, 1, 1])}
-    if name == "g2bmm":
+        base["PyTorch eager"] = lambda: F.conv2d(t["A"], t["K"], padding=pad)
+        if ort:
+            base["ONNX Runtime"] = ort_single_op("Conv", {"A": inputs["A"]},
+                                                 {"K": inputs["K"]}, out_shape, pads=[pad] * 4)
+    elif name == "convtranspose":
+        base["PyTorch eager"] = lambda: F.conv_transpose2d(t["X"], t["W"], stride=2, padding=1)
+        if ort:
+            base["ONNX Runtime"] = ort_single_op("ConvTranspose", {"X": inputs["X"]},
+                                                 {"W": inputs["W"]}, out_shape, strides=[2, 2],
+                                                 pads=[1, 1, 1, 1])
+    elif name == "g2bmm":
         q = expr.root
         w = (q.traversal[2].size - 1) // 2
         d = -q.body.rhs.indices[1].const // w
         label, fn = best_of(g2bmm_formulations(t["Q"], t["K"], w, d), device)
-        return {f"best plain PyTorch ({label})": fn}
-    raise KeyError(name)
+        base[f"best plain PyTorch ({label})"] = fn
+    else:
+        raise KeyError(name)
+    if torch.device(device).type == "cuda" and cuda_graph.enabled():
+        first, fn = next(iter(base.items()))
+        graphed = cuda_graph.Graphed(fn, first)
+        base = {first + GRAPHED: lambda: graphed().clone(), **base}
+    return base
 
 
 CONSTANTS = {"conv3x3": ("K",), "conv5x5": ("K",), "conv1x7": ("K",), "conv9x9": ("K",),
@@ -99,9 +136,13 @@ def run_case(name: str, budget: float, device: str, cache: CostCache, copy_bw: f
         row["derivation"] = best.candidate.derivation if best.candidate else []
         for k, secs in zip(best.program.kernels, compiled.profile(feed), strict=True):
             if k.kind == "eOp":
-                bw = float(k.params.get("bytes", 0)) / secs
-                row["eops"].append({"shape": list(k.output_shape), "ms": secs * 1e3,
-                                    "GBps": bw / 1e9, "of_copy": bw / copy_bw})
+                nbytes = int(k.params.get("bytes", 0))
+                bw = nbytes / secs
+                eop = {"shape": list(k.output_shape), "ms": secs * 1e3, "GBps": bw / 1e9,
+                       "of_copy": bw / copy_bw}
+                if torch.device(device).type == "cuda":
+                    eop["of_same_size_copy"] = bw / same_size_copy(nbytes, device)
+                row["eops"].append(eop)
     # steady state, as in `ollie bench models`: an untimed call, then >= 20 ms of
     # back-to-back calls per sample, so no system pays for waking its thread pool after
     # another system ran
@@ -122,7 +163,9 @@ def table(rows: list[dict], copy_bw: float) -> list[str]:
     for r in rows:
         bases = "; ".join(f"{k} {v:.3f}" for k, v in r["times_ms"].items() if k != "Ollie")
         sp = "; ".join(f"{v:.2f}x vs {k}" for k, v in r["speedup_vs"].items())
-        bw = "; ".join(f"{e['GBps']:.1f} GB/s ({100 * e['of_copy']:.0f}%)" for e in r["eops"])
+        bw = "; ".join(f"{e['GBps']:.1f} GB/s ({100 * e['of_copy']:.0f}%" +
+                       (f", {100 * e['of_same_size_copy']:.0f}% of a same-size copy)"
+                        if "of_same_size_copy" in e else ")") for e in r["eops"])
         out.append(f"| {r['case']} | {bases} | {r['ollie_ms']:.3f} | {sp} | {r['program']} | "
                    f"{bw or '-'} |")
     out += ["", "Programs timed by the measured selection (interleaved with the original "
@@ -161,11 +204,23 @@ def main(cases=DEFAULT_CASES, budget: float = 60.0, device: str = "cpu",
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cores())
     cache = CostCache()
+    precision = full_fp32(device)
     bw = copy_bandwidth(device)
     rows = [run_case(name, budget, device, cache, bw) for name in cases]
     cpu = platform.processor() or platform.machine()
-    lines = [f"# Operator benchmark ({time.strftime('%Y-%m-%d')}, {device}, {cpu}, "
-             f"{cores()} cores, torch {torch.__version__})", "", *table(rows, bw)]
+    where = f"{device}, {cpu}, {cores()} cores"
+    notes: list[str] = []
+    if torch.device(device).type == "cuda":
+        where = f"{device}: {torch.cuda.get_device_name(device)}, host {cpu}, {cores()} cores"
+        notes = [f"{precision} Ollie's programs replay as CUDA graphs"
+                 f"{'' if cuda_graph.enabled() else ' (off: OLLIE_CUDA_GRAPHS=0)'}; "
+                 f"'{GRAPHED.strip(' +')}' baselines are the original operator replayed so too. "
+                 "ONNX Runtime is timed on the CPU only. eOp bandwidth: bytes moved / time "
+                 "of the kernel replayed back to back, as a share of the large copy below and "
+                 "of a copy of as many bytes timed the same way (data that fits in L2 moves "
+                 "faster than DRAM allows).", ""]
+    lines = [f"# Operator benchmark ({time.strftime('%Y-%m-%d')}, {where}, "
+             f"torch {torch.__version__})", "", *notes, *table(rows, bw)]
     suffix = "" if device == "cpu" else "_" + device.split(":")[0]
     (out / f"ops{suffix}.md").write_text("\n".join(lines) + "\n")
     (out / f"ops{suffix}.json").write_text(json.dumps(rows, indent=1, default=str))

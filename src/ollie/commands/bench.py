@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="persistent cache folder (default: a fresh one: cold optimisation)")
     m.add_argument("--threads", type=int, default=None,
                    help="intra-op threads of every system (default: cores)")
+    m.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where models and programs run (default cpu; cuda writes models_cuda.*)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
 
         return models.main(tuple(args.models or models.DEFAULT_MODELS), tuple(args.batches),
                            args.budget, args.out, args.keep, args.cache_dir,
-                           args.threads)
+                           args.threads, device=args.device)
     raise AssertionError(args.bench)
