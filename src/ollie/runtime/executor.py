@@ -338,8 +338,9 @@ class CompiledProgram:
 
     def __init__(self, program: Program, device: str = "cpu", backend: str | None = None,
                  cuda_graphs: bool | None = None) -> None:
-        """``cuda_graphs``: on a CUDA device, replay the program as a CUDA graph from its third
-        call on (:mod:`ollie.runtime.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``)."""
+        """``cuda_graphs``: on a CUDA device, run the program as it is on its first call, capture
+        it as a CUDA graph on its second and replay that from then on
+        (:mod:`ollie.runtime.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``)."""
         program.check()
         self.program = program
         self.device = torch.device(device)
