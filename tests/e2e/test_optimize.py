@@ -138,3 +138,33 @@ def test_cli_zoo_optimize_run(tmp_path):
     assert r.returncode == 0 and "infogan" in r.stdout and "longformer" in r.stdout
     r = _cli("optimize", "zoo:nonexistent")
     assert r.returncode == 2 and "unknown zoo model" in r.stderr
+
+
+def test_tf32_check_uses_a_full_float32_reference(monkeypatch):
+    """Where TF32 is on (pretended here, on the CPU), the end-to-end check compares with the
+    model run in full float32, allows a multiple of the model's own error, and restores the
+    precision flags."""
+    from ollie.optimizer import final
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    seen = []
+    real = final.run_graph
+
+    def spy(graph, feeds):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return real(graph, feeds)
+
+    monkeypatch.setattr(final, "tf32", lambda device: True)
+    monkeypatch.setattr(final, "run_graph", spy)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opt = ollie.optimize(m, (x,), time_budget=2.0, max_candidates=2, use_cache=False)
+    assert seen[:2] == [(False, False), before]  # float32 reference, then the model as run
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
+    note = next(n for n in opt.notes if n.startswith("TensorFloat-32 is on"))
+    # on the CPU the model is exactly float32 (own error 0): check_rtol is the floor
+    assert "within 0.00e+00 of float32" in note and "allows 1.00e-03" in note
+    assert any("checked against the original model" in n for n in opt.notes)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-3, atol=1e-4)

@@ -15,7 +15,7 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def full_fp32(device: str) -> str:
+def fp32_everywhere(device: str) -> str:
     """On CUDA, turn TensorFloat-32 off in cuDNN and cuBLAS for every system of a benchmark
     (PyTorch lets cuDNN round float32 products to TF32 by default: outputs then differ from
     float32 by ~1e-3 of their magnitude, torch.compile's from eager's by as much, and no

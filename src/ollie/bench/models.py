@@ -19,7 +19,7 @@ With ``device="cuda"`` (``--device cuda``) the modules, inputs and Ollie's progr
 GPU; ONNX Runtime is left out (a CPU runtime says nothing of a GPU program) and PyTorch eager
 replayed as a CUDA graph is a peer too ("eager + CUDA graph"), since Ollie's programs replay as
 CUDA graphs (:mod:`ollie.runtime.cuda_graph`); every system computes in full float32
-(TensorFloat-32 off: :func:`~ollie.bench.baselines.full_fp32`). The rates of the roofline are
+(TensorFloat-32 off: :func:`~ollie.bench.baselines.fp32_everywhere`). The rates of the roofline are
 the GPU's and the files are ``models_cuda.*``.
 
 Also per model: a roofline lower bound ``max(FLOPs / matmul rate, bytes / copy bandwidth)``
@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import ollie
-from ollie.bench.baselines import cores, full_fp32, ort_session
+from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
 from ollie.tune.measure import measure, measure_alternating
@@ -379,7 +379,7 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     os.environ["OLLIE_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-")
     torch.set_num_threads(threads or cores())
     info = machine(device)
-    info["precision"] = full_fp32(device)
+    info["precision"] = fp32_everywhere(device)
     info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
                 copy_bytes=copy_bandwidth(device), budget=budget)
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "

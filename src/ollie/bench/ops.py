@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ollie
-from ollie.bench.baselines import best_of, cores, full_fp32, g2bmm_formulations, ort_single_op
+from ollie.bench.baselines import best_of, cores, fp32_everywhere, g2bmm_formulations, ort_single_op
 from ollie.bench.cases import CASES
 from ollie.optimizer.select import select
 from ollie.runtime import cuda_graph
@@ -204,7 +204,7 @@ def main(cases=DEFAULT_CASES, budget: float = 60.0, device: str = "cpu",
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cores())
     cache = CostCache()
-    precision = full_fp32(device)
+    precision = fp32_everywhere(device)
     bw = copy_bandwidth(device)
     rows = [run_case(name, budget, device, cache, bw) for name in cases]
     cpu = platform.processor() or platform.machine()

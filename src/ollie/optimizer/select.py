@@ -20,6 +20,7 @@ from ollie.ir import Expr
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program
 from ollie.runtime.executor import CompiledProgram
+from ollie.runtime.precision import tf32
 from ollie.search.candidate import Candidate, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import measure_alternating
@@ -77,12 +78,6 @@ TF32_TOLERANCE = 1e-3
 """Error allowed, relative to the output's largest magnitude, on a CUDA device where PyTorch
 lets cuDNN / cuBLAS compute float32 products in TensorFloat-32 (10-bit mantissa): the original
 operators compute so there too (the end-to-end check of a model allows the same)."""
-
-
-def tf32(device: str) -> bool:
-    """Whether library kernels on ``device`` may round products to TensorFloat-32."""
-    return torch.device(device).type == "cuda" and bool(
-        torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
 
 
 def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
