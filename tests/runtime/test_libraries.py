@@ -196,3 +196,23 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     assert any("kept the original operators" in n for n in opt.notes)
     with torch.inference_mode():
         torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_report_of_kept_originals_records_the_rewrites_not_kept():
+    from ollie.optimizer.model import OptimizedModel, SubprogramReport, kept_originals
+
+    rows = [SubprogramReport("a", "ConvTranspose2d", "ConvTranspose2d", "Conv -> eOp[1, 4]",
+                             ["rule one", "rule two"], 0.5, 0.3, candidates=3),
+            SubprogramReport("b", "Conv2d", "Conv2d", "original operator", [], 0.2, 0.2)]
+    kept = kept_originals(rows)
+    assert [r.chosen for r in kept] == ["original operator"] * 2
+    assert [r.optimized_ms for r in kept] == [0.5, 0.2] and not any(r.derivation for r in kept)
+    assert kept[0].not_kept == {"program": "Conv -> eOp[1, 4]", "ms": 0.3,
+                                "derivation": ["rule one", "rule two"]}
+    assert kept[1].not_kept is None
+    assert rows[0].chosen == "Conv -> eOp[1, 4]"  # the input report is left as it was
+    text = OptimizedModel.summary(type("M", (), {"report": kept, "notes": []})())
+    assert "derived Conv -> eOp[1, 4], 0.300ms alone: not kept" in text
+    assert text.count("not kept") == 1
+    # saved and loaded with the report
+    assert SubprogramReport(**kept[0].to_json()) == kept[0]

@@ -74,7 +74,9 @@ class OptimizeConfig:
 
 @dataclass
 class SubprogramReport:
-    """What happened to one compute operator."""
+    """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
+    (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program then
+    ran faster with the original operators, else None."""
 
     node: str
     op: str
@@ -85,6 +87,7 @@ class SubprogramReport:
     optimized_ms: float
     reused: bool = False
     candidates: int = 0
+    not_kept: dict | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -119,7 +122,9 @@ class OptimizedModel:
             sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
             lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
                          f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
-                         + (" (reused)" if r.reused else ""))
+                         + (" (reused)" if r.reused else "")
+                         + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
+                            "alone: not kept)" if r.not_kept else ""))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -412,12 +417,21 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     prog, chosen = checked(graph, prog, raw, cfg, notes, opt.cache, originals)
     report = opt.report
     if chosen == ORIGINALS:
-        report = [replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms)
-                  for r in report]
+        report = kept_originals(report)
         notes.append(f"kept the {ORIGINALS}: the whole program ran faster with them than with "
                      "the rewritten subprograms (times above)")
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), device)
+
+
+def kept_originals(report: list[SubprogramReport]) -> list[SubprogramReport]:
+    """The report of a program that kept its original operators: every subprogram the
+    original operator, the rewrite found for it recorded as ``not_kept``."""
+    return [replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms,
+                    not_kept=None if r.chosen == ORIGINAL else
+                    {"program": r.chosen, "ms": r.optimized_ms,
+                     "derivation": list(r.derivation)})
+            for r in report]
 
 
 def _originals(graph: Graph, raw: Program, cfg: OptimizeConfig) -> Program:
