@@ -77,7 +77,8 @@ def candidate_program(cand: Candidate, expr: Expr, constants: Mapping[str, np.nd
 TF32_TOLERANCE = 1e-3
 """Error allowed, relative to the output's largest magnitude, on a CUDA device where PyTorch
 lets cuDNN / cuBLAS compute float32 products in TensorFloat-32 (10-bit mantissa): the original
-operators compute so there too (the end-to-end check of a model allows the same)."""
+operators compute so there too (a model's end-to-end check compares with float32 and allows
+:data:`ollie.optimizer.final.TF32_FACTOR` times the model's own error)."""
 
 
 def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
