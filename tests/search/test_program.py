@@ -162,3 +162,34 @@ def test_measure_alternating_lead_calls_run_untimed_before_each_sample():
                         rounds=2, warmup=1, shuffle=False, lead_calls=2,
                         prepare=lambda: log.append("p"))
     assert log == ["a", "b"] + ["p", "a", "a", "a", "p", "b", "b", "b"] * 2
+
+
+def test_select_library_variants(conv_result):
+    """With ``library_variants``, each candidate with library convolutions is also measured
+    (and checked) with all of them fixed to a uniform library; without, it is not."""
+    from ollie.optimizer.libraries import UNIFORM, is_library_conv
+
+    expr, res = conv_result
+    inputs = random_inputs(expr, seed=6)
+    a, k = torch.as_tensor(inputs["A"]), torch.as_tensor(inputs["K"])
+
+    def baseline():
+        return torch.nn.functional.conv2d(a, k, padding=1)
+
+    with_conv = [c for c in res.candidates[:6]
+                 if any(is_library_conv(kn) for kn in c.kernels)]
+    assert with_conv  # the conv3x3 case has library-conv candidates (the Conv itself, ...)
+    plain = select(expr, res.candidates, baseline, inputs, {"K": inputs["K"]}, limit=6,
+                   rounds=3)
+    both = select(expr, res.candidates, baseline, inputs, {"K": inputs["K"]}, limit=6,
+                  rounds=3, library_variants=True)
+    suffix = f" [{UNIFORM[0]}]"
+    assert not any(m.label.endswith(suffix) for m in plain.measured)
+    fixed = [m for m in both.measured if m.label.endswith(suffix)]
+    assert len(fixed) >= 1 and len(both.measured) == len(plain.measured) + len(fixed)
+    for m in fixed:
+        convs = [kn for kn in m.program.kernels if is_library_conv(kn)]
+        assert convs and all(kn.params["library"] == UNIFORM[0] for kn in convs)
+        out = CompiledProgram(m.program).run({"A": inputs["A"]})[m.program.outputs[0]]
+        np.testing.assert_allclose(out.numpy(), ollie.interpret(expr, inputs), rtol=1e-3,
+                                   atol=1e-3)

@@ -114,8 +114,8 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
            inputs: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray] | None = None,
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
            samples: int = 512, margin: float = MARGIN, rounds: int = 15,
-           max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset()
-           ) -> Selection:
+           max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset(),
+           library_variants: bool = False) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
     ``inputs``) and up to ``limit`` verified candidates; keep the fastest. Inputs named in
     ``channels_last`` are fed to the candidates as channels-last tensors, the memory format
@@ -128,7 +128,13 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     A candidate replaces the original only if it is faster by more than ``margin`` (a
     fraction: noise must not pick a program that is really no faster). When every one of them
     is in the cost cache (the same programs, shapes and device measured before), the cached
-    medians are used and nothing runs."""
+    medians are used and nothing runs.
+
+    ``library_variants`` (CPU): a candidate with library convolutions is also measured with
+    every one of them fixed to each library of :data:`ollie.optimizer.libraries.UNIFORM` (each
+    checked too), as ``ollie.optimize`` does for a whole program; otherwise each convolution
+    runs the implementation chosen for its configuration alone, with cold caches
+    (:func:`ollie.runtime.onednn.fastest`)."""
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
@@ -155,9 +161,15 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
         key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}{layout}"
         if any(key == k for k, *_ in verified):
             continue  # the same program reached by another derivation
-        compiled = CompiledProgram(prog, device)
         args = {n: feed[n] for n, _ in prog.inputs}
-        verified.append((key, prog, cand, lambda c=compiled, a=args: c.run(a)))
+        for vkey, variant in [(key, prog), *(_library_variants(key, prog, device)
+                                             if library_variants else [])]:
+            if variant is not prog and not check_program(variant, expr, inputs, reference,
+                                                         device)[0]:
+                rejected.append(f"{program_label(variant)}: disagrees")
+                continue
+            compiled = CompiledProgram(variant, device)
+            verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
     keys = [base_key, *(k for k, *_ in verified)]
     hits = [cache.get(k) if cache is not None else None for k in keys]
     cached = all(h is not None for h in hits)
@@ -176,8 +188,23 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     sel = Selection(Measured("original", secs[0], cached=cached), margin=margin)
     sel.rejected = rejected
     for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
-        sel.measured.append(Measured(prog.summary(), t, prog, cand, cached))
+        sel.measured.append(Measured(program_label(prog), t, prog, cand, cached))
     return sel
+
+
+def program_label(prog: Program) -> str:
+    """``prog``'s summary, with the libraries its convolutions are fixed to, if any."""
+    libs = sorted({str(k.params["library"]) for k in prog.kernels if k.params.get("library")})
+    return prog.summary() + (f" [{', '.join(libs)}]" if libs else "")
+
+
+def _library_variants(key: str, prog: Program, device: str) -> list[tuple[str, Program]]:
+    """``prog`` with its library convolutions fixed to each uniform library (CPU)."""
+    from ollie.optimizer.libraries import UNIFORM, is_library_conv, with_library
+
+    if torch.device(device).type != "cpu" or not any(is_library_conv(k) for k in prog.kernels):
+        return []
+    return [(f"{key}|lib:{lib}", with_library(prog, lib)) for lib in UNIFORM]
 
 
 def _expr_key(expr: Expr) -> str:
