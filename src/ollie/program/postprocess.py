@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 def fold_constants(prog: Program, backend: str = "reference") -> Program:
     """Evaluate kernels whose inputs are all constants; their outputs become constants (eOps
     through the reference interpreter by default: exact, and nothing to compile)."""
-    from ollie.runtime.executor import compile_kernel
+    from ollie.runtime.kernels import compile_kernel
 
     constants = dict(prog.constants)
     kernels = []

@@ -442,7 +442,7 @@ def _agrees(region: Region, prog: Program, start: int, end: int,
     """Whether ``region`` computes what Ollie's executor computes for the same kernels run one
     by one with PyTorch's plain operators, on random inputs (relative error 1e-3 of each
     output's largest magnitude)."""
-    from ollie.runtime.executor import compile_kernel
+    from ollie.runtime.kernels import compile_kernel
 
     gen = torch.Generator().manual_seed(0)
     env: dict[str, torch.Tensor] = dict(constants)

@@ -1,0 +1,318 @@
+"""One kernel of a :class:`~ollie.program.program.Program` compiled into a callable
+``fn(env, out) -> tensor`` (:func:`compile_kernel`), used by
+:class:`~ollie.runtime.executor.CompiledProgram`:
+
+* library kernels (Matmul, Conv, G2BMM, GBMM) go through PyTorch (oneDNN / MKL on CPU,
+  cuBLAS / cuDNN on CUDA) and the band kernels of :mod:`ollie.runtime.library`;
+* eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
+  reference interpreter when asked (``backend="reference"``);
+* ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
+* ``Node`` kernels run one graph operator with the reference executor of :mod:`ollie.graph`
+  (operators Ollie does not rewrite, e.g. max pooling or softmax).
+
+``out``, when given, is a buffer the kernel may write its output into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ollie.errors import UnsupportedError
+from ollie.program.kernel import Kernel
+from ollie.runtime import library
+from ollie.runtime.onednn import POST_OPS
+
+Env = dict[str, torch.Tensor]
+KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
+OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
+"""Kernels that write into a given output buffer."""
+
+
+def library_of(k: Kernel) -> str | None:
+    """The convolution implementation a program-level choice fixed for kernel ``k``
+    (``params["library"]``, see :mod:`ollie.optimizer.libraries`), or None: measured per
+    configuration."""
+    lib = k.params.get("library")
+    return str(lib) if lib else None
+
+
+def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
+    implementation (:func:`ollie.runtime.onednn.best_conv`: the weight packed for oneDNN once,
+    here, plain torch or ONNX Runtime), with ``alpha`` folded into the weight. A fused
+    epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
+    then applies ``activation``."""
+    p = k.params
+    symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
+    stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
+    pad = (int(p["ph"]), int(p["pw"]))
+    alpha = float(p.get("alpha", 1.0))
+    act = p.get("activation")
+    post = POST_OPS[str(act)] if act else None
+    biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
+    skip = k.inputs[-1] if p.get("residual") else None
+    if symmetric and constants is not None and k.inputs[1] in constants and \
+            k.inputs[0] not in constants and all(b in constants for b in biases):
+        from ollie.runtime import onednn
+
+        w = library._input(k, 1, constants)
+        w = w * alpha if alpha != 1.0 else w
+        bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
+        shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
+        chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
+
+        def run_library(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            x = library._input(k, 0, env)
+            fmt = onednn.is_channels_last(x)
+            conv = chosen.get(fmt)
+            if conv is None:
+                conv = chosen[fmt] = onednn.best_conv(
+                    "Conv2d", w, bias, shape, stride, pad, dil,
+                    activation=str(act) if act else None, residual=skip is not None,
+                    channels_last=fmt, prefer=library_of(k))
+            return conv(x) if skip is None else conv(x, env[skip])
+
+        return run_library
+    if (biases or skip is not None) and not symmetric:
+        raise UnsupportedError(f"Conv kernel -> {k.output}: a fused bias / residual needs "
+                               "symmetric padding")
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        if not symmetric:
+            y = library.run_kernel(k.without_activation(), env) if act else \
+                library.run_kernel(k, env)
+        else:
+            x, w = library._input(k, 0, env), library._input(k, 1, env)
+            y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
+            y = y if alpha == 1.0 else y.mul_(alpha)
+            for b in biases:
+                y = y.add_(env[b].reshape(1, -1, 1, 1))
+            if skip is not None:
+                y = y.add_(env[skip].reshape(y.shape))
+        return y if post is None else post(y)
+
+    return run
+
+
+def _matmul_fn(k: Kernel) -> KernelFn:
+    alpha = float(k.params.get("alpha", 1.0))
+    shape = tuple(k.output_shape)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = library._input(k, 0, env), library._input(k, 1, env)
+        if out is not None and a.dim() == b.dim():
+            y = torch.matmul(a, b, out=out.view(*a.shape[:-1], b.shape[-1]))
+        else:
+            y = torch.matmul(a, b)
+        y = y.reshape(shape)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _eop_fn(k: Kernel, backend: str) -> KernelFn:
+    """Generated code for the eOperator; one with an ``activation`` parameter (tanh, sigmoid:
+    post-processing) runs the code for its argument, then the torch function in place."""
+    act = k.params.get("activation")
+    if act:
+        inner = _eop_fn(k.without_activation(), backend)
+        apply = {"tanh": torch.Tensor.tanh_, "sigmoid": torch.Tensor.sigmoid_,
+                 "relu": torch.Tensor.relu_}[str(act)]
+        return lambda env, out: apply(inner(env, out))
+    from ollie.codegen import compile_eop
+    from ollie.codegen.layout import dense_permutation, permute_inputs
+
+    fn = compile_eop(k.expr, backend=backend)
+    names = k.inputs
+    run_flat = getattr(fn, "run_flat", None)
+    if run_flat is not None:
+        # generated CPU code: flat numpy views of the tensors, no per-call checks (the
+        # program's shapes were checked when it was built)
+        order = fn.input_names
+        shape = tuple(k.output_shape)
+        variants: dict[tuple, Callable] = {(None,) * len(order): run_flat}
+
+        def run_cpu(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            flat, perms = [], []
+            for n in order:
+                t = env[n]
+                perm = None
+                if not t.is_contiguous():
+                    # a permutation of a dense array (a channels-last conv output) is read in
+                    # place by a kernel for the permuted declaration (ollie.codegen.layout)
+                    perm = dense_permutation(t.shape, t.stride())
+                    t = t.contiguous() if perm is None else t.permute(perm)
+                perms.append(perm)
+                flat.append(t.detach().numpy().reshape(-1))
+            key = tuple(perms)
+            run = variants.get(key)
+            if run is None:
+                rewritten = permute_inputs(k.expr, {n: p for n, p in zip(order, perms,
+                                                                         strict=True) if p})
+                run = variants[key] = compile_eop(rewritten, backend=backend).run_flat
+            if out is None or not out.is_contiguous():
+                out = torch.empty(shape)
+            run(flat, out.numpy().reshape(-1))
+            return out
+
+        return run_cpu
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        ins = {n: env[n] for n in names}
+        if backend == "cuda":
+            return fn(ins, out)
+        arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
+        res = fn(arrays, None if out is None else out.numpy())
+        return out if out is not None else torch.from_numpy(res)
+
+    return run
+
+
+def _band_fn(k: Kernel) -> KernelFn:
+    """G2BMM / GBMM (:mod:`ollie.runtime.band`), into ``out`` when one is given."""
+    from ollie.runtime import band
+
+    w, d = int(k.params["w"]), int(k.params["d"])  # type: ignore[call-overload]
+    alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+    op = band.g2bmm if k.kind == "G2BMM" else band.gbmm
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = library._input(k, 0, env), library._input(k, 1, env)
+        target = None
+        if out is not None:
+            want = (*a.shape[:2], 2 * w + 1) if k.kind == "G2BMM" else tuple(b.shape)
+            if out.numel() == int(np.prod(want)):
+                target = out.view(want)
+        y = op(a, b, w, d, out=target)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _alias_fn(k: Kernel) -> KernelFn:
+    offset, sizes, strides = k.params["view"]  # type: ignore[misc]
+    src = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        flat = env[src].contiguous().reshape(-1)
+        return torch.as_strided(flat, tuple(sizes), tuple(strides), int(offset))
+
+    return run
+
+
+def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """A graph operator run as it is; a convolution whose weight (and bias) are constants of
+    the program runs through the fastest library implementation
+    (:func:`ollie.runtime.onednn.node_runner`), and NCHW max pooling on the CPU through
+    :mod:`ollie.runtime.pool`. A ``residual`` convolution (post-processing folded a following
+    residual addition into it) reads the residual as its last input and adds it before its
+    ``activation``."""
+    from ollie.graph import run_node
+
+    node = k.params["node"]
+    extra = list(node.outputs[1:])  # type: ignore[attr-defined]
+    residual = bool(k.params.get("residual"))
+    ins = list(k.inputs[:-1] if residual else k.inputs)
+    skip = k.inputs[-1] if residual else None
+    act = k.params.get("activation")
+    post = POST_OPS[str(act)] if act else None
+    if constants is not None and len(ins) in (2, 3) and not extra and \
+            all(n in constants for n in ins[1:]) and ins[0] not in constants:
+        from ollie.runtime import onednn
+
+        fast = onednn.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+                                  constants[ins[1]],
+                                  constants[ins[2]] if len(ins) == 3 else None,
+                                  activation=str(act) if act else None, residual=residual,
+                                  prefer=library_of(k))
+        if fast is not None:
+            if skip is not None:
+                return lambda env, out: fast(env[ins[0]], env[skip])
+            return lambda env, out: fast(env[ins[0]])
+    if node.op == "MaxPool2d" and not residual and not act and not extra:  # type: ignore
+        return _max_pool_fn(k, node)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        outs = run_node(node, [env[n] for n in ins])  # type: ignore[arg-type]
+        for name, t in zip(extra, outs[1:], strict=True):
+            env[name] = t
+        y = outs[0]
+        if skip is not None:
+            y = y + env[skip]
+        return y if post is None else post(y)
+
+    return run
+
+
+def writes_out(k: Kernel) -> bool:
+    """Node kernels that can write into a given output buffer (max pooling of NCHW tensors)."""
+    return k.kind == "Node" and k.params.get("op") == "MaxPool2d" and \
+        not k.params.get("activation") and not k.params.get("residual")
+
+
+def _max_pool_fn(k: Kernel, node: object) -> KernelFn:
+    """NCHW-contiguous CPU inputs through :func:`ollie.runtime.pool.max_pool_runner`, others
+    (channels-last: PyTorch is fast there) through the graph executor."""
+    from ollie.graph import run_node
+    from ollie.graph.execute import _pad4, _pair
+    from ollie.runtime.pool import max_pool_runner
+
+    a = dict(node.attrs)  # type: ignore[attr-defined]
+    kernel = _pair(a["kernel_size"])
+    stride = kernel if a.get("stride") is None else _pair(a["stride"])
+    pads, dil = _pad4(a.get("padding", 0)), _pair(a.get("dilation", 1))
+    ceil_mode = bool(a.get("ceil_mode", False))
+    runners: dict[tuple[int, ...], Callable | None] = {}
+    name = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        x = env[name]
+        y = None
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+            shape = tuple(x.shape)
+            if shape not in runners:
+                runners[shape] = max_pool_runner(shape, kernel, stride, pads, dil, ceil_mode)
+            fast = runners[shape]
+            y = fast(x, out) if fast is not None else None
+        return y if y is not None else run_node(node, [x])[0]  # type: ignore[arg-type]
+
+    return run
+
+
+def compile_kernel(k: Kernel, backend: str = "cpu",
+                   constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """A callable ``(env, out) -> tensor`` executing ``k``; the result has the shape of the
+    kernel's expression (library operators compute it in a compatible flat layout).
+    ``constants``: the program's constant tensors, which a kernel may pre-process once (a
+    convolution's weight packed for oneDNN)."""
+    fn = _compile(k, backend, constants)
+    shape = tuple(k.output_shape)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        y = fn(env, out)
+        return y if tuple(y.shape) == shape else y.reshape(shape)
+
+    return run
+
+
+def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None
+             ) -> KernelFn:
+    if k.kind == "eOp":
+        return _eop_fn(k, backend)
+    if k.kind == "Conv":
+        return _conv_fn(k, constants if backend == "cpu" else None)
+    if k.kind == "Matmul":
+        return _matmul_fn(k)
+    if k.kind == "Alias":
+        return _alias_fn(k)
+    if k.kind == "Node":
+        return _node_fn(k, constants if backend == "cpu" else None)
+    if k.kind in ("G2BMM", "GBMM"):
+        return _band_fn(k)
+    if k.kind in library.RUNNERS:
+        return lambda env, out: library.run_kernel(k, env)
+    raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")
