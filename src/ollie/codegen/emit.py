@@ -43,6 +43,11 @@ MAX_MASKED_TRIPS = 8
 """A clamped summation loop with at most this many in-bounds values (fewer than its range) runs
 a constant trip count with a mask instead of run-time bounds."""
 
+def _trips(it, clamps: list) -> int:
+    """The most values of summation iterator ``it`` that ``clamps`` can leave in bounds."""
+    return min([it.size, *((c.size - 1) // abs(c.coef) + 1 for c in clamps)])
+
+
 _UNARY = {"tanh": "np.tanh({})", "exp": "np.exp({})", "log": "np.log({})",
           "sqrt": "np.sqrt({})", "abs": "np.abs({})"}
 
@@ -252,10 +257,13 @@ class _NestEmitter:
             return
         self.emit(depth, f"_acc = {self.zero}")
         clamps = info.clamps(interior)
-        # a summation loop of at most MAX_MASKED_TRIPS values runs all of them (a constant
-        # trip count, unrolled) with its reads checked instead of run-time clamped bounds
-        # (boundary points of a 3x3 offset-add: 1.5x on the whole kernel)
+        # a summation loop of at most MAX_MASKED_TRIPS values that a clamp cannot shorten runs
+        # all of them (a constant trip count, unrolled) with its reads checked instead of
+        # run-time clamped bounds (boundary points of a 3x3 offset-add: 1.5x on the whole
+        # kernel); one whose clamp admits fewer values than its range (a stride-2 selective
+        # add: 2 of 8) keeps the clamp's start and runs that shorter count
         self.unclamped = {c for it in info.summation if it.size <= MAX_MASKED_TRIPS
+                          and _trips(it, clamps.get(it.name, [])) >= it.size
                           for c in clamps.get(it.name, ())}
         inner = depth
         masks: list[str] = []
@@ -276,7 +284,7 @@ class _NestEmitter:
                     lo, hi = -((c.size - 1 - c.rest) // b), c.rest // b + 1
                 self.emit(inner, f"_a{j} = max(_a{j}, {self.idx(lo)})")
                 self.emit(inner, f"_b{j} = min(_b{j}, {self.idx(hi)})")
-            trips = min(it.size, *((c.size - 1) // abs(c.coef) + 1 for c in cs))
+            trips = _trips(it, cs)
             if trips < it.size and trips <= MAX_MASKED_TRIPS:
                 # at most `trips` values are in bounds: a constant trip count (unrolled) with a
                 # mask beats a run-time bounded loop (1.7x on a stride-2 transposed-conv add)

@@ -189,6 +189,9 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     sel.rejected = rejected
     for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
         sel.measured.append(Measured(program_label(prog), t, prog, cand, cached))
+    log.debug("selection%s: original %.3f ms; %s", " (cached)" if cached else "",
+              secs[0] * 1e3, "; ".join(f"{m.label} {m.seconds * 1e3:.3f} ms"
+                                       for m in sel.measured))
     return sel
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ollie.errors import UnsupportedError
 from ollie.program.kernel import Kernel
-from ollie.runtime import library
+from ollie.runtime import library, linear
 from ollie.runtime.onednn import POST_OPS
 
 Env = dict[str, torch.Tensor]
@@ -98,13 +98,26 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     return run
 
 
-def _matmul_fn(k: Kernel) -> KernelFn:
+def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """``torch.matmul`` of the two inputs (read through their views) times ``alpha``; on the
+    CPU (``constants`` given) the fastest library for the operands' shapes and strides
+    (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN), chosen on the first call."""
     alpha = float(k.params.get("alpha", 1.0))
     shape = tuple(k.output_shape)
+    chosen: dict[tuple, tuple[str, linear.Product]] = {}
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         a, b = library._input(k, 0, env), library._input(k, 1, env)
-        if out is not None and a.dim() == b.dim():
+        name = "MKL"
+        if constants is not None:
+            key = (a.shape, a.stride(), b.shape, b.stride())
+            impl = chosen.get(key)
+            if impl is None:
+                impl = chosen[key] = linear.best_product(a, b)
+            name, fn = impl
+        if name != "MKL":
+            y = fn(a, b)
+        elif out is not None and a.dim() == b.dim():
             y = torch.matmul(a, b, out=out.view(*a.shape[:-1], b.shape[-1]))
         else:
             y = torch.matmul(a, b)
@@ -306,7 +319,7 @@ def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | No
     if k.kind == "Conv":
         return _conv_fn(k, constants if backend == "cpu" else None)
     if k.kind == "Matmul":
-        return _matmul_fn(k)
+        return _matmul_fn(k, constants if backend == "cpu" else None)
     if k.kind == "Alias":
         return _alias_fn(k)
     if k.kind == "Node":

@@ -24,7 +24,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
-RUNTIME_VERSION = 10
+RUNTIME_VERSION = 11
 """Bumped whenever kernels or the executor change in a way that changes measured times (it is
 part of every key, so measurements and decisions of an older runtime are not reused)."""
 

@@ -1,0 +1,119 @@
+"""Matrix products on the CPU through the fastest library: MKL (``torch.matmul``) or oneDNN's
+matmul primitive (``torch.ops.mkldnn._linear_pointwise``, the kernel torch.compile's frozen
+``Linear`` layers run).
+
+Which one is faster depends on the machine and the shape: PyTorch's CPU build calls MKL for
+``torch.matmul``, and MKL on a non-Intel CPU may run its AVX2 code where oneDNN uses AVX-512
+(on the AMD EPYC this was developed on, 1024-cubed: MKL ~200 GFLOP/s, oneDNN ~450 GFLOP/s),
+while for a matrix-vector product oneDNN's per-call set-up costs more than the product. So the
+choice is measured once per configuration (shapes and strides of the operands), like a cuDNN
+benchmark-mode algorithm choice (:func:`ollie.runtime.onednn.fastest`), and every
+implementation is checked against ``torch.matmul`` on the operands of its first call before it
+is used.
+
+oneDNN's primitive computes ``x @ w.T`` for an ``x`` of any rank >= 2 and a 2-D ``w``; a product
+``a @ b`` with a 2-D ``b`` is ``linear(a, b.T)`` (``b.T`` is a view: no copy), and one with a 2-D
+``a`` can also run as ``linear(b.T, a).T`` (made contiguous). A fused ``bias`` (added per output
+column) and ``activation`` (``relu`` / ``tanh`` / ``sigmoid``) are oneDNN post-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A matrix product ``(a, b) -> f(a @ b + bias)``."""
+
+ACTIVATIONS: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
+    None: lambda y: y, "relu": torch.relu_, "tanh": torch.tanh_, "sigmoid": torch.sigmoid_}
+"""Activations the products apply (``None``: none), as in-place torch functions."""
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN's matmul primitive."""
+    return torch.backends.mkldnn.is_available() and \
+        hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D view when its leading dimensions are all 1 (a batch of one matrix), else
+    ``t``."""
+    if t.dim() > 2 and all(n == 1 for n in t.shape[:-2]):
+        return t.view(t.shape[-2:]) if t.is_contiguous() else \
+            torch.as_strided(t, t.shape[-2:], t.stride()[-2:], t.storage_offset())
+    return t
+
+
+def _usable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (a, b)) and \
+        available()
+
+
+def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                    activation: str | None = None) -> dict[str, Product]:
+    """The implementations of ``(a, b) -> activation(a @ b + bias)`` that can run on operands
+    like ``a`` and ``b``: ``"MKL"`` (``torch.matmul``) always, the oneDNN ones where ``b``
+    (``"oneDNN"``) or ``a`` (``"oneDNN transposed"``) is a matrix (2-D, or a batch of one).
+    The oneDNN ones return ``a @ b``'s elements in its row-major order, not always in its
+    shape (leading size-1 dimensions may be missing): callers reshape."""
+    post = ACTIVATIONS[activation]
+
+    def mkl(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = torch.matmul(x, y)
+        return post(z if bias is None else z.add_(bias))
+
+    impls: dict[str, Product] = {"MKL": mkl}
+    if not _usable(a, b):
+        return impls
+    op = torch.ops.mkldnn._linear_pointwise
+    attr = activation or "none"
+    if _matrix(b).dim() == 2:
+        impls["oneDNN"] = lambda x, y: op(x, _matrix(y).t(), bias, attr, [], "")
+    if _matrix(a).dim() == 2 and _matrix(b).dim() == 2 and bias is None:
+        # (a @ b) = (b.T @ a.T).T: a as the primitive's weight, the result transposed back
+        impls["oneDNN transposed"] = lambda x, y: post(
+            op(_matrix(y).t(), _matrix(x), None, "none", [], "").t().contiguous())
+    return impls
+
+
+def _agrees(fn: Product, want: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        got = fn(a, b)
+    except (RuntimeError, NotImplementedError) as exc:
+        log.info("matmul %s x %s: an implementation failed: %s", list(a.shape),
+                 list(b.shape), exc)
+        return False
+    scale = float(want.abs().max()) + 1e-6
+    return got.numel() == want.numel() and \
+        float((got.reshape(want.shape) - want).abs().max()) <= 1e-3 * scale
+
+
+def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                 activation: str | None = None, prefer: str | None = None
+                 ) -> tuple[str, Product]:
+    """``(name, fn)``: the fastest implementation (:func:`implementations`) for operands with
+    the shapes and strides of ``a`` and ``b``, measured on them (alternately, cold caches, via
+    :func:`ollie.runtime.onednn.fastest`) and remembered per configuration; ``prefer``: use
+    that implementation without measuring when it runs correctly. An implementation that
+    disagrees with ``torch.matmul`` on ``a`` and ``b`` is never used."""
+    from ollie.runtime import onednn
+
+    key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
+           activation)
+    impls = implementations(a, b, bias, activation)
+    with torch.inference_mode():
+        want = impls["MKL"](a, b)
+        chosen = prefer if prefer in impls else onednn._CHOICES.get(key)
+        if chosen in impls and (chosen == "MKL" or _agrees(impls[chosen], want, a, b)):
+            return chosen, impls[chosen]  # type: ignore[index]
+        usable: dict[str, Product | None] = {
+            n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in impls.items()}
+        fn = onednn.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b))
+    name = next(n for n, f in usable.items() if f is fn)
+    onednn._CHOICES[key] = name
+    log.debug("matmul %s x %s: %s", list(a.shape), list(b.shape), name)
+    return name, fn
