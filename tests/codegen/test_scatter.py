@@ -146,3 +146,54 @@ def test_compile_cpu_times_both_forms_and_keeps_a_correct_kernel(tmp_path, caplo
     inputs = random_inputs(expr, seed=4)
     np.testing.assert_allclose(kernel(inputs), ollie.interpret(expr, inputs), rtol=1e-5,
                                atol=1e-5)
+
+
+SCOPED_TRANSPOSE_ADD = """
+    T: [2, 4, 3, 3, 4, 4]
+    L<n=0:2, c=0:3, h=0:8, w=0:6> Sum<y=0:4, x=0:3>
+        { L<n=0:2, c=0:3, t=-1:3, u=-1:3, y=0:4, x=0:3> T[n, y, x, c, t + 1, u + 1] }
+        [n, c, h - 2*y, w - 2*x, y, x]
+"""
+"""A Matmul output re-laid out by a nested scope and summed selectively (the last eOperator of
+a ConvTranspose -> Matmul derivation): the scope's ranges are implied by T's bounds."""
+
+
+def test_a_nested_layout_scope_is_flattened_into_a_scatter_form(tmp_path):
+    from ollie.codegen.scatter import flattened
+
+    expr = ollie.parse(SCOPED_TRANSPOSE_ADD)
+    assert scatter_form(expr, FLOAT64_TERMS) is None  # the root reads a scope
+    flat = flattened(expr)
+    assert flat is not None
+    inputs = random_inputs(expr, seed=5)
+    want = ollie.interpret(expr, inputs)
+    np.testing.assert_allclose(ollie.interpret(flat, inputs), want, rtol=1e-6, atol=1e-6)
+    assert scatter_form(flat, FLOAT64_TERMS) is not None
+    kernel = compile_cpu(expr, cache_dir=tmp_path)
+    np.testing.assert_allclose(kernel(inputs), want, rtol=1e-5, atol=1e-5)
+
+
+def test_flattened_declines_what_does_not_inline_into_one_read():
+    from ollie.codegen.scatter import flattened
+
+    # nothing nested
+    assert flattened(ollie.parse(CONV_TRANSPOSE_ADD)) is None
+    # the nested scope's range (t < 2) is not implied by A's bounds (4): kept as a temporary
+    assert flattened(ollie.parse(
+        "A: [4, 4]\nL<i=0:4> Sum<k=0:4> { L<t=0:2, s=0:4> A[t, s] }[i - k, k]")) is None
+
+
+def test_a_strided_selective_sum_runs_only_its_in_bounds_taps():
+    """A summation loop of 8 values of which a stride-2 clamp admits 2 runs 2 trips (with a
+    mask), not 8 masked ones; the result is exact."""
+    text = """
+        T: [2, 3, 4, 4, 8, 8]
+        L<n=0:2, c=0:3, h=0:16, w=0:16> Sum<y=0:8, x=0:8> T[n, c, h - 2*y + 1, w - 2*x + 1, y, x]
+    """
+    expr = ollie.parse(text)
+    source = generate_source(expr)
+    assert "for _t0 in range(2):" in source and "range(0, 8)" not in source
+    inputs = random_inputs(expr, seed=7)
+    out = _run_as_python(source, [inputs["T"]], int(np.prod(expr.shape)))
+    np.testing.assert_allclose(out.reshape(expr.shape), ollie.interpret(expr, inputs),
+                               rtol=1e-5, atol=1e-5)

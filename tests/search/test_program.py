@@ -164,6 +164,36 @@ def test_measure_alternating_lead_calls_run_untimed_before_each_sample():
     assert log == ["a", "b"] + ["p", "a", "a", "a", "p", "b", "b", "b"] * 2
 
 
+def test_measure_alternating_skips_hopeless_functions_after_warm_up():
+    """``hopeless``: a function whose call after its warm-up is that many times slower than the
+    fastest one gets no rounds and is reported at that call's time; the first warm-up call
+    (which may build things) does not count."""
+    import time
+
+    from ollie.tune.measure import measure_alternating
+
+    calls = {"fast": 0, "slow": 0, "builds": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.02)
+
+    def builds():  # slow only on its first call
+        calls["builds"] += 1
+        if calls["builds"] == 1:
+            time.sleep(0.05)
+
+    res = measure_alternating({"fast": fast, "slow": slow, "builds": builds}, rounds=3,
+                              warmup=2, hopeless=10.0)
+    assert calls["slow"] == 3  # two warm-up calls and the one that judged it: no rounds
+    assert res["slow"] >= 0.02
+    assert calls["builds"] == 3 + 3 and res["builds"] < 0.02  # timed in every round
+    assert calls["fast"] == 3 + 3
+
+
 def test_select_library_variants(conv_result):
     """With ``library_variants``, each candidate with library convolutions is also measured
     (and checked) with all of them fixed to a uniform library; without, it is not."""

@@ -24,7 +24,8 @@ the GPU's and the files are ``models_cuda.*``.
 
 Also per model: a roofline lower bound ``max(FLOPs / matmul rate, bytes / copy bandwidth)``
 with FLOPs counted from the graph (Conv, ConvTranspose, MatMul/Gemm, G2BMM, GBMM via shapes),
-the matmul rate of a large ``torch.matmul`` and the copy bandwidth measured on this machine,
+the matmul rate of a large ``torch.matmul`` (on the CPU, or oneDNN's matmul, whichever is
+faster) and the copy bandwidth measured on this machine,
 and bytes estimated as weights + model input and output + every materialised intermediate
 (outputs of compute and opaque operators) written once and read once (element-wise operators
 are assumed fused). And the warm re-optimisation time: the same model optimised again in the
@@ -91,15 +92,22 @@ def machine(device: str = "cpu") -> dict:
 
 
 def matmul_rate(sizes: tuple[int, ...] = (1024, 2048), device: str = "cpu") -> float:
-    """FLOP/s of large square float32 ``torch.matmul``s (the best run: a busy machine only
-    slows)."""
+    """FLOP/s of large square float32 matrix products (the best run: a busy machine only
+    slows): ``torch.matmul``, and on the CPU also oneDNN's matmul primitive, which on some
+    CPUs runs twice as fast as the MKL build PyTorch calls (:mod:`ollie.runtime.linear`)."""
+    from ollie.runtime import linear
+
     best = 0.0
     for n in sizes:
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         c = torch.empty(n, n, device=device)
-        secs = min(measure(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), device, repeats=5)
-                   for _ in range(3))
-        best = max(best, 2 * n ** 3 / secs)
+        fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c)]
+        if torch.device(device).type == "cpu":
+            fns += [lambda a=a, b=b, f=f: f(a, b)
+                    for name, f in linear.implementations(a, b).items() if name != "MKL"]
+        for fn in fns:
+            secs = min(measure(fn, device, repeats=5) for _ in range(3))
+            best = max(best, 2 * n ** 3 / secs)
     return best
 
 

@@ -51,7 +51,7 @@ from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
 from ollie.codegen.plan import Plan, make_plan
 from ollie.codegen.residue import split_residues
-from ollie.codegen.scatter import emit_scatter_module, scatter_form
+from ollie.codegen.scatter import emit_scatter_module, flattened, scatter_form
 from ollie.fingerprint import canonical_form, fingerprint
 from ollie.ir import Expr, format_expr, parse
 
@@ -151,6 +151,9 @@ def choose_source(expr: Expr, canonical: str | None = None) -> str:
     (median of :data:`CHOICE_ROUNDS` rounds); otherwise the gather form."""
     gather = generate_source(expr, canonical)
     sf = scatter_form(expr, FLOAT64_TERMS)
+    if sf is None:
+        flat = flattened(expr)
+        sf = scatter_form(flat, FLOAT64_TERMS) if flat is not None else None
     if sf is None or not sf.parallel_levels():
         return gather
     from ollie.tune.measure import measure_alternating

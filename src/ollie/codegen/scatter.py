@@ -100,6 +100,29 @@ def _invert(matrix: list[list[int]]) -> list[list[int]] | None:
     return [[int(v) for v in row] for row in inv]
 
 
+def flattened(expr: Expr) -> Expr | None:
+    """``expr`` with its nested scopes inlined (as :func:`ollie.codegen.plan.make_plan` inlines
+    them: only where the nested scope's ranges are implied by its read's bounds, so the
+    result is exact), when that leaves one loop nest reading inputs only; None otherwise.
+    A selective sum over a re-laid-out Matmul output (``Sum<y, x> {L<..., t=-1:3, ...>
+    T[..., t + 1, ...]}[..., h - 2*y, ...]``) becomes a single read with a scatter form."""
+    from ollie.codegen.plan import make_plan
+    from ollie.ir import Scope, map_body
+
+    plan = make_plan(expr)
+    if len(plan.nests) != 1 or not plan.inlined:
+        return None
+    names = {b.ident: b.input_name for b in plan.inputs}
+    scope = plan.nests[0].scope
+
+    def visit(node: object) -> Access | None:
+        if isinstance(node, Access) and node.source in names:
+            return Access(names[node.source], node.indices)
+        return None
+
+    return Expr(expr.decls, Scope(scope.traversal, scope.summation, map_body(scope.body, visit)))
+
+
 def scatter_form(expr: Expr, max_terms: int) -> ScatterForm | None:
     """The scatter form of ``expr`` when its root is a single affine read of an input whose
     index matrix is unimodular, and it sums fewer than ``max_terms`` points (float32

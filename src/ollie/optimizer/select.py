@@ -74,6 +74,10 @@ def candidate_program(cand: Candidate, expr: Expr, constants: Mapping[str, np.nd
     return postprocess(prog)
 
 
+HOPELESS = 10.0
+"""A program whose warm-up calls took more than this many times the fastest one's is not timed
+further (:func:`ollie.tune.measure.measure_alternating`): it cannot be chosen."""
+
 TF32_TOLERANCE = 1e-3
 """Error allowed, relative to the output's largest magnitude, on a CUDA device where PyTorch
 lets cuDNN / cuBLAS compute float32 products in TensorFloat-32 (10-bit mantissa): the original
@@ -179,7 +183,8 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
         fns = {k: fn for k, fn in zip(keys, [baseline, *(v[3] for v in verified)],
                                        strict=True)}
         timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
-                                    min_sample=2e-3)
+                                    min_sample=0.01, lead_calls=1,
+                                    hopeless=HOPELESS)
         secs = [timed[k] for k in keys]
         if cache is not None:
             for k, t in zip(keys, secs, strict=True):

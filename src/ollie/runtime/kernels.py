@@ -220,10 +220,11 @@ def _alias_fn(k: Kernel) -> KernelFn:
 def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """A graph operator run as it is; a convolution whose weight (and bias) are constants of
     the program runs through the fastest library implementation
-    (:func:`ollie.runtime.onednn.node_runner`), and NCHW max pooling on the CPU through
-    :mod:`ollie.runtime.pool`. A ``residual`` convolution (post-processing folded a following
-    residual addition into it) reads the residual as its last input and adds it before its
-    ``activation``."""
+    (:func:`ollie.runtime.onednn.node_runner`), a MatMul / Gemm with a constant weight through
+    the fastest matrix product (:func:`ollie.runtime.linear.node_runner`), and NCHW max
+    pooling on the CPU through :mod:`ollie.runtime.pool`. A ``residual`` convolution
+    (post-processing folded a following residual addition into it) reads the residual as its
+    last input and adds it before its ``activation``."""
     from ollie.graph import run_node
 
     node = k.params["node"]
@@ -242,6 +243,12 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                                   constants[ins[2]] if len(ins) == 3 else None,
                                   activation=str(act) if act else None, residual=residual,
                                   prefer=library_of(k))
+        if fast is None:
+            fast = linear.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+                                      constants[ins[1]],
+                                      constants[ins[2]] if len(ins) == 3 else None,
+                                      activation=str(act) if act else None,
+                                      residual=residual)
         if fast is not None:
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip])

@@ -117,3 +117,51 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     onednn._CHOICES[key] = name
     log.debug("matmul %s x %s: %s", list(a.shape), list(b.shape), name)
     return name, fn
+
+
+PRODUCT_OPS = ("MatMul", "Gemm")
+"""Graph operators :func:`node_runner` runs through :func:`best_product`."""
+
+
+def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None = None, residual: bool = False,
+                prefer: str | None = None) -> Callable[..., torch.Tensor] | None:
+    """For a ``MatMul`` / ``Gemm`` graph node whose second input (and bias) are constants: a
+    callable ``x -> f(op(x))`` (with ``residual``, ``(x, r) -> f(op(x) + r)``) through the
+    :func:`best_product` implementation, chosen on the first call for each input shape and
+    layout, with Gemm's ``alpha`` folded into the weight and ``beta * C`` into the bias once.
+    ``None`` for other nodes and for what it does not cover (a transposed first operand, a
+    bias that is not one value per output column, a weight that is not 2-D)."""
+    if op not in PRODUCT_OPS or activation not in ACTIVATIONS or weight.dim() != 2 or \
+            weight.dtype != torch.float32 or weight.device.type != "cpu" or not available():
+        return None
+    w, c = weight.detach(), None
+    if op == "Gemm":
+        if attrs.get("transA", 0):
+            return None
+        w = w.t() if attrs.get("transB", 0) else w
+        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        w = (w * alpha) if alpha != 1.0 else w
+        if bias is not None and beta != 0.0:
+            if bias.numel() not in (1, w.shape[1]):
+                return None
+            c = (bias.detach().reshape(-1) * beta).expand(w.shape[1]).contiguous()
+    elif bias is not None:
+        return None
+    w = w.contiguous()
+    act = None if residual else activation
+    post = ACTIVATIONS[activation]
+    cache: dict[tuple, Product] = {}
+
+    def run(x: torch.Tensor, *residual_input: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.stride())
+        fn = cache.get(key)
+        if fn is None:
+            fn = cache[key] = best_product(x, w, c, act, prefer)[1]
+        y = fn(x, w)
+        y = y.reshape(*x.shape[:-1], w.shape[1])
+        if residual_input:
+            y = post(y.add_(residual_input[0]))
+        return y
+
+    return run

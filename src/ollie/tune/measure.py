@@ -46,7 +46,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                         rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
                         min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
                         prepare: Callable[[], object] | None = None,
-                        lead_calls: int = 0) -> dict[str, float]:
+                        lead_calls: int = 0, hopeless: float | None = None
+                        ) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -66,20 +67,39 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     sample measures the function in the state its own previous call leaves (its thread pool
     awake, its buffers cached: a model served in a loop) rather than the state the previous
     function left. On the 2-core VM, an InfoGAN b1 program timed one call per sample right
-    after PyTorch eager took 0.95-1.4 ms, and 0.44-0.50 ms in steady state."""
+    after PyTorch eager took 0.95-1.4 ms, and 0.44-0.50 ms in steady state.
+
+    ``hopeless``: a function whose call right after its warm-up took more than this many times
+    the fastest one's is not timed in rounds; that call's time is returned (a selection among
+    candidates loses nothing, and a 300 ms candidate no longer costs seconds of rounds next
+    to 1 ms ones)."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
+        warm: dict[str, float] = {}
         for name, fn in fns.items():
             t = time.perf_counter()
             for _ in range(warmup):
                 fn()
             _sync(device)
             per = (time.perf_counter() - t) / max(warmup, 1)
+            if hopeless is not None and warmup > 0:
+                # the first calls may build things (a library's choice, a compiled kernel):
+                # the last call alone says how fast the function is
+                t = time.perf_counter()
+                fn()
+                _sync(device)
+                warm[name] = time.perf_counter() - t
             inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 and \
                 prepare is None else 1
         times: dict[str, list[float]] = {name: [] for name in fns}
-        rng = random.Random(seed)
         order = list(fns)
+        if warm:
+            fastest = min(warm.values())
+            for name, per in warm.items():
+                if per > hopeless * fastest:
+                    times[name].append(per)
+                    order.remove(name)
+        rng = random.Random(seed)
         start = time.perf_counter()
         for r in range(rounds):
             if shuffle:
