@@ -131,3 +131,15 @@ def test_node_runner_declines_what_it_does_not_cover():
     run = linear.node_runner("MatMul", {}, w, None)
     x = torch.randn(2, 5, 8)  # a batch of rows through a 2-D weight
     torch.testing.assert_close(run(x), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_operands_with_nan_fall_back_to_mkl_without_fixing_the_choice():
+    """NaN operands make every other implementation fail its check against torch.matmul:
+    MKL computes (NaN where torch puts it), and the configuration is not remembered."""
+    a, b = torch.randn(33, 17), torch.randn(17, 29)
+    a[3, 4] = float("nan")
+    key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), True, None)
+    onednn._CHOICES.pop(key, None)
+    name, fn = linear.best_product(a, b)
+    assert name == "MKL" and key not in onednn._CHOICES
+    torch.testing.assert_close(fn(a, b), a @ b, equal_nan=True)

@@ -114,7 +114,10 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
             n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in impls.items()}
         fn = onednn.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b))
     name = next(n for n, f in usable.items() if f is fn)
-    onednn._CHOICES[key] = name
+    if sum(f is not None for f in usable.values()) > 1:
+        # remembered only when measured (operands with NaN or inf make every other
+        # implementation fail its check: MKL then, for the caller that saw them)
+        onednn._CHOICES[key] = name
     log.debug("matmul %s x %s: %s", list(a.shape), list(b.shape), name)
     return name, fn
 
