@@ -197,3 +197,20 @@ def test_a_strided_selective_sum_runs_only_its_in_bounds_taps():
     out = _run_as_python(source, [inputs["T"]], int(np.prod(expr.shape)))
     np.testing.assert_allclose(out.reshape(expr.shape), ollie.interpret(expr, inputs),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_scatter_kernel_zeroed_beforehand_compiles_and_matches(tmp_path):
+    """A scatter form whose parallel input dimensions are not the output's leading ones zeroes
+    the output in a separate parallel loop (``zero(out)``, one argument) before scattering
+    (a Conv5x5 -> Conv derivation's tap sum over a channel-moved conv output)."""
+    expr = ollie.parse("T: [2, 6, 1, 6, 5]\n"
+                       "L<n=0:2, f=0:1, h=0:6, w=0:6> Sum<s=0:5> T[n, h, f, w + s - 2, s]")
+    path = tmp_path / "scatter_zero.py"
+    path.write_text(generate_source(expr, form="scatter"))
+    assert "def zero(out)" in path.read_text()
+    module = load_path(path)  # numba compiles both functions for their signatures here
+    inputs = random_inputs(expr, seed=8)
+    out = np.full(int(np.prod(expr.shape)), np.nan, np.float32)
+    module.run(inputs["T"].reshape(-1), out)
+    np.testing.assert_allclose(out.reshape(expr.shape), ollie.interpret(expr, inputs),
+                               rtol=1e-5, atol=1e-5)

@@ -168,10 +168,15 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
         args = {n: feed[n] for n, _ in prog.inputs}
         for vkey, variant in [(key, prog), *(_library_variants(key, prog, device)
                                              if library_variants else [])]:
-            if variant is not prog and not check_program(variant, expr, inputs, reference,
-                                                         device)[0]:
-                rejected.append(f"{program_label(variant)}: disagrees")
-                continue
+            if variant is not prog:
+                try:
+                    agrees = check_program(variant, expr, inputs, reference, device)[0]
+                except Exception as exc:  # a variant that fails is only skipped
+                    log.warning("library variant %s failed: %s", program_label(variant), exc)
+                    agrees = False
+                if not agrees:
+                    rejected.append(f"{program_label(variant)}: disagrees or fails")
+                    continue
             compiled = CompiledProgram(variant, device)
             verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
     keys = [base_key, *(k for k, *_ in verified)]
