@@ -75,8 +75,9 @@ def candidate_program(cand: Candidate, expr: Expr, constants: Mapping[str, np.nd
 
 
 HOPELESS = 10.0
-"""A program whose warm-up calls took more than this many times the fastest one's is not timed
-further (:func:`ollie.tune.measure.measure_alternating`): it cannot be chosen."""
+"""A program whose call right after its warm-up took more than this many times the fastest
+one's is not timed further (:func:`ollie.tune.measure.measure_alternating`): it cannot be
+chosen."""
 
 TF32_TOLERANCE = 1e-3
 """Error allowed, relative to the output's largest magnitude, on a CUDA device where PyTorch
