@@ -133,8 +133,7 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     act = k.params.get("activation")
     if act:
         inner = _eop_fn(k.without_activation(), backend)
-        apply = {"tanh": torch.Tensor.tanh_, "sigmoid": torch.Tensor.sigmoid_,
-                 "relu": torch.Tensor.relu_}[str(act)]
+        apply = linear.ACTIVATIONS[str(act)]
         return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
     from ollie.codegen.layout import dense_permutation, permute_inputs

@@ -30,7 +30,8 @@ Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 ACTIVATIONS: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
     None: lambda y: y, "relu": torch.relu_, "tanh": torch.tanh_, "sigmoid": torch.sigmoid_}
-"""Activations the products apply (``None``: none), as in-place torch functions."""
+"""Activations the products (and activation epilogues of generated eOperators) apply
+(``None``: none), as in-place torch functions."""
 
 
 def available() -> bool:
@@ -127,8 +128,8 @@ PRODUCT_OPS = ("MatMul", "Gemm")
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
-                activation: str | None = None, residual: bool = False,
-                prefer: str | None = None) -> Callable[..., torch.Tensor] | None:
+                activation: str | None = None, residual: bool = False
+                ) -> Callable[..., torch.Tensor] | None:
     """For a ``MatMul`` / ``Gemm`` graph node whose second input (and bias) are constants: a
     callable ``x -> f(op(x))`` (with ``residual``, ``(x, r) -> f(op(x) + r)``) through the
     :func:`best_product` implementation, chosen on the first call for each input shape and
@@ -160,7 +161,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         key = (tuple(x.shape), x.stride())
         fn = cache.get(key)
         if fn is None:
-            fn = cache[key] = best_product(x, w, c, act, prefer)[1]
+            fn = cache[key] = best_product(x, w, c, act)[1]
         y = fn(x, w)
         y = y.reshape(*x.shape[:-1], w.shape[1])
         if residual_input:
