@@ -98,8 +98,8 @@ def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
     cache = CostCache(tmp_path / "costs.sqlite")
     cfg = OptimizeConfig()
     notes1: list[str] = []
-    first, alt = _libraries(prog, feeds, want, cfg, notes1, cache)
-    assert alt is None
+    first, decision = _libraries(prog, feeds, want, cfg, notes1, cache)
+    assert decision is not None and alternative_of(decision) is None
     notes2: list[str] = []
     second, _ = _libraries(prog, feeds, want, cfg, notes2, cache)
     assert "ms" in notes1[-1] and notes2[-1].endswith("(cached)")
@@ -147,6 +147,15 @@ def test_the_original_operators_are_an_alternative_timed_and_checked():
         assert alternative_of(decision) is None
 
 
+def _originals(graph, cfg) -> Program:
+    """The program ``optimize`` builds for ``graph`` when no subprogram is rewritten."""
+    from ollie.optimizer.model import _Optimizer
+
+    opt = _Optimizer(graph, cfg, None)
+    opt.compute_node = opt.node_kernel
+    return opt.run()
+
+
 def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     """With a rewritten subprogram, the original operators (post-processed) are offered as
     an alternative program; when they win, ``optimize`` keeps them and its report says so."""
@@ -162,8 +171,7 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
         want = m(x)
     graph = to_graph(m, (x,))
     cfg = OptimizeConfig(use_cache=False)
-    originals = model_mod._originals(graph, Program(tuple(graph.inputs), tuple(graph.outputs),
-                                                    [], {}), cfg)
+    originals = _originals(graph, cfg)
     seen = {}
 
     def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None):
@@ -173,9 +181,10 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
 
     monkeypatch.setattr(final, "choose_libraries", originals_win)
     notes: list[str] = []
-    kept, alt = final.checked(graph, originals, originals, cfg, notes, None,
-                              postprocess(originals))
-    assert alt == "original operators" and kept is seen["original operators"]
+    kept, decision, which = final.checked(graph, originals, originals, cfg, notes, None,
+                                          postprocess(originals))
+    assert alternative_of(decision) == "original operators" and which == "optimised"
+    assert kept is seen["original operators"]
     assert [k.kind for k in kept.kernels] == ["Node", "Node"]  # ReLU folded
     assert len(kept.kernels) < len(originals.kernels)
     assert kept.kernels == postprocess(originals).kernels
@@ -186,11 +195,12 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     assert final.checked(graph, originals, originals, cfg, [], None, None)[1] is None
 
     # the report of a program that kept the original operators
-    def checked(graph, prog, raw, cfg, notes, cache=None, originals=None):
-        return postprocess(model_mod._originals(graph, raw, cfg)), "original operators"
+    def checked(graph, prog, raw, cfg, notes, cache=None, originals=None, ref=None):
+        return (originals if originals is not None else postprocess(raw),
+                "original operators: per operator", "optimised")
 
     monkeypatch.setattr(model_mod, "checked", checked)
-    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False)
+    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False, context=False)
     assert opt.report and all(r.chosen == "original operator" and not r.derivation and
                               r.optimized_ms == r.original_ms for r in opt.report)
     assert any("kept the original operators" in n for n in opt.notes)

@@ -253,11 +253,11 @@ def test_building_a_region_times_no_library_choice(monkeypatch):
 
 
 def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
-    from ollie.optimizer.libraries import REGIONS_ONEDNN, _variant, is_library_conv
+    from ollie.optimizer.libraries import REGIONS_ONEDNN, is_library_conv, variant
 
     m, x = _net()
     prog = _optimized(m, x)
-    assert _variant(prog, REGIONS_ONEDNN) is None  # every convolution is in a region
+    assert variant(prog, REGIONS_ONEDNN) is None  # every convolution is in a region
     # a compute-bound eOperator between the convolutions leaves the first alone (a run of one
     # kernel)
     first = next(i for i, k in enumerate(prog.kernels) if is_library_conv(k))
@@ -273,9 +273,9 @@ def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
                    kn.views, kn.shape) for kn in prog.kernels[first + 1:]]
     split = Program(prog.inputs, prog.outputs, [*prog.kernels[:first + 1], copy, *rest],
                     prog.constants)
-    variant = _variant(split, REGIONS_ONEDNN)
-    assert variant is not None
-    outside = [kn for kn in variant.kernels if is_library_conv(kn) and "region" not in kn.params]
+    varied = variant(split, REGIONS_ONEDNN)
+    assert varied is not None
+    outside = [kn for kn in varied.kernels if is_library_conv(kn) and "region" not in kn.params]
     assert outside and all(kn.params["library"] == "oneDNN packed" for kn in outside)
     with torch.inference_mode():
-        torch.testing.assert_close(CompiledProgram(variant)(x), m(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(CompiledProgram(varied)(x), m(x), rtol=1e-4, atol=1e-4)

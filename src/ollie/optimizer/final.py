@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 
 from ollie.errors import OllieError
 from ollie.graph import Graph, Node, run_graph
-from ollie.optimizer.libraries import CHOICES, alternative_of, choose_libraries, rel_err
+from ollie.optimizer.libraries import CHOICES, choose_libraries, rel_err
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
@@ -58,13 +59,18 @@ def all_nodes(graph: Graph) -> Program:
                    dict(graph.initializers))
 
 
-def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
-            notes: list[str], cache: CostCache | None = None,
-            originals: Program | None = None) -> tuple[Program, str | None]:
-    """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
-    random inputs, with its libraries chosen on the CPU (``originals``: the original
-    operators as an alternative program, offered when some subprogram was rewritten).
-    Returns the program and :data:`ORIGINALS` when that alternative was kept, else None."""
+@dataclass
+class Reference:
+    """Random inputs, the model's outputs on them in full float32, and the relative error a
+    program may have against them."""
+
+    feeds: dict[str, torch.Tensor]
+    want: dict[str, torch.Tensor]
+    rtol: float
+
+
+def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str]) -> Reference:
+    """The end-to-end check's reference for ``graph`` (seeded by ``cfg.seed``)."""
     rng = np.random.default_rng(cfg.seed + 1)
     feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
              for n, s in graph.inputs}
@@ -78,6 +84,22 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         rtol = max(rtol, TF32_FACTOR * own)
         notes.append(f"TensorFloat-32 is on: the model itself is within {own:.2e} of float32; "
                      f"the check allows {rtol:.2e}")
+    return Reference(feeds, want, rtol)
+
+
+def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
+            notes: list[str], cache: CostCache | None = None,
+            originals: Program | None = None, ref: Reference | None = None
+            ) -> tuple[Program, str | None, str]:
+    """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
+    random inputs (``ref``, made here if not given), with its libraries chosen on the CPU
+    (``originals``: the original operators as an alternative program, offered when some
+    subprogram was rewritten). Returns the program, the library decision
+    (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
+    libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
+    which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``."""
+    ref = ref or reference(graph, cfg, notes)
+    feeds, want, rtol = ref.feeds, ref.want, ref.rtol
     for label, candidate in (("optimised", prog), ("without post-processing", raw)):
         try:
             got = CompiledProgram(candidate, cfg.device).run(feeds)
@@ -88,13 +110,15 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         if err <= rtol:
             notes.append(f"checked against the original model: max relative error {err:.2e}")
             alternatives = {ORIGINALS: originals} if originals is not None else {}
-            return libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
+            return (*libraries(candidate, feeds, want, cfg, notes, cache, alternatives),
+                    label)
         notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
     notes.append("falling back to the original operators")
-    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None
+    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None, "fallback"
 
 
-def _digest(prog: Program) -> str:
+def program_digest(prog: Program) -> str:
+    """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
     doc = json.dumps([prog.inputs, prog.outputs,
                       [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
                        for kn in prog.kernels]], sort_keys=True)
@@ -107,12 +131,12 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               ) -> tuple[Program, str | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
-    and the alternative chosen (None: ``prog``)."""
+    and the decision (None: ``prog`` as it is, nothing chosen)."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
     # the choices offered are part of the key: a new choice is timed, not skipped
-    digests = "+".join(_digest(p) for p in (prog, *alternatives.values()))
+    digests = "+".join(program_digest(p) for p in (prog, *alternatives.values()))
     key = f"libraries|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
         f"{device_key(cfg.device)}"
     decided = cache.get_decision(key) if cache is not None else None
@@ -122,7 +146,8 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         notes.append(note)
     if cache is not None and decision is not None and decision != decided:
         cache.put_decision(key, decision)
-    return prog, alternative_of(decision)
+    return prog, decision
 
 
-__all__ = ["ORIGINAL", "ORIGINALS", "all_nodes", "checked", "libraries", "node_kernel"]
+__all__ = ["ORIGINAL", "ORIGINALS", "Reference", "all_nodes", "checked", "libraries",
+           "node_kernel", "reference"]

@@ -108,14 +108,14 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             names += CHOICES
         for n in names:
             name = f"{base}: {n}" if base else n
-            if decided in (None, name) and (v := _variant(program, n)) is not None:
+            if decided in (None, name) and (v := variant(program, n)) is not None:
                 variants[name] = v
     if decided is not None and decided not in variants:  # a stale decision: time them all
         return choose_libraries(prog, feeds, want, rtol, None, alternatives)
     fns = {}
-    for name, variant in variants.items():
+    for name, program in variants.items():
         try:
-            compiled = CompiledProgram(variant, "cpu")
+            compiled = CompiledProgram(program, "cpu")
             got = compiled.run(feeds)  # the first call makes the per-operator choices
         except (OllieError, RuntimeError, ValueError) as exc:  # a variant is optional
             log.info("convolution libraries: %s failed to run: %s", name, exc)
@@ -140,7 +140,7 @@ def alternative_of(decision: str | None) -> str | None:
     return decision.split(": ", 1)[0] if decision and ": " in decision else None
 
 
-def _variant(prog: Program, name: str) -> Program | None:
+def variant(prog: Program, name: str) -> Program | None:
     """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
     if name == PER_OPERATOR:
         return prog

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +36,17 @@ from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node
 from ollie.ir import Expr
-from ollie.optimizer.final import ORIGINAL, ORIGINALS, checked, node_kernel
+from ollie.optimizer.context import Group, Refined, refine
+from ollie.optimizer.final import (
+    ORIGINAL,
+    ORIGINALS,
+    Reference,
+    checked,
+    node_kernel,
+    program_digest,
+    reference,
+)
+from ollie.optimizer.libraries import PER_OPERATOR, alternative_of
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -70,6 +80,7 @@ class OptimizeConfig:
     check_rtol: float = 1e-3
     seed: int = 0
     choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
+    context: bool = True          # CPU: switch each rewrite on / off in the whole program
 
 
 @dataclass
@@ -207,6 +218,9 @@ class _Optimizer:
         self.rng = np.random.default_rng(config.seed)
         self.channels_last: set[str] = set()
         """4-D tensors the program will likely hold channels-last (:meth:`track_layout`)."""
+        self.parts: list[tuple[Node, str | None, list[Kernel]]] = []
+        """Per graph node: its decision key when a rewrite was chosen for it, and its kernels
+        (:meth:`assemble`)."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -222,6 +236,8 @@ class _Optimizer:
                 chosen = self.other_node(node)
             kernels += chosen
             self.track_layout(node, chosen)
+            if not self.parts or self.parts[-1][0] is not node:
+                self.parts.append((node, None, chosen))
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
@@ -287,8 +303,28 @@ class _Optimizer:
         if out.kernels is None:
             return self.node_kernel(node)
         inverse = {canon: orig for orig, canon in names.items()}
-        return rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
-                              prefix=node.name)
+        kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
+                                 prefix=node.name)
+        self.parts.append((node, key, kernels))
+        return kernels
+
+    def assemble(self, on: frozenset[str]) -> Program:
+        """The program with the rewrites whose decision key is in ``on`` and the original
+        operators for the other rewritten subprograms (:mod:`ollie.optimizer.context`)."""
+        kernels = [k for node, key, chosen in self.parts
+                   for k in (chosen if key is None or key in on else self.node_kernel(node))]
+        inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
+        return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
+
+    def groups(self) -> list[Group]:
+        """The distinct rewritten subprograms, with the time their rewrite saved alone."""
+        nodes: dict[str, list[str]] = {}
+        for node, key, _ in self.parts:
+            if key is not None:
+                nodes.setdefault(key, []).append(node.name)
+        return [Group(key, tuple(names), len(names) * max(
+            self.memo[key].original_s - self.memo[key].optimized_s, 0.0))
+            for key, names in nodes.items()]
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
                channels_last: frozenset[str] = frozenset()) -> _Outcome:
@@ -413,35 +449,61 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     prog = postprocess(raw)
     notes = [*opt.notes, describe_postprocess(raw, prog)]
     rewritten = any(r.chosen != ORIGINAL for r in opt.report)
-    originals = postprocess(_originals(graph, raw, cfg)) if rewritten else None
-    prog, chosen = checked(graph, prog, raw, cfg, notes, opt.cache, originals)
+    originals = postprocess(opt.assemble(frozenset())) if rewritten else None
+    ref = reference(graph, cfg, notes)
+    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref)
     report = opt.report
-    if chosen == ORIGINALS:
+    chosen_originals = alternative_of(decision) == ORIGINALS
+    if chosen_originals:
         report = kept_originals(report)
         notes.append(f"kept the {ORIGINALS}: the whole program ran faster with them than with "
                      "the rewritten subprograms (times above)")
+    if which == "optimised" and rewritten and cfg.context and \
+            torch.device(cfg.device).type == "cpu":
+        groups = opt.groups()
+        start = frozenset() if chosen_originals else frozenset(g.key for g in groups)
+        refined = in_context(opt, groups, start, decision, ref, cfg)
+        if refined is not None and refined.on != start:
+            prog = refined.program
+            off = {n for g in groups if g.key not in refined.on for n in g.nodes}
+            report = kept_originals(opt.report, off)
+        if refined is not None:
+            notes.append(refined.note)
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), device)
 
 
-def kept_originals(report: list[SubprogramReport]) -> list[SubprogramReport]:
-    """The report of a program that kept its original operators: every subprogram the
-    original operator, the rewrite found for it recorded as ``not_kept``."""
-    return [replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms,
+def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None = None
+                   ) -> list[SubprogramReport]:
+    """The report of a program that kept its original operators for ``nodes`` (default: all):
+    those subprograms the original operator, the rewrite found for each recorded as
+    ``not_kept``."""
+    return [r if nodes is not None and r.node not in nodes else
+            replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms,
                     not_kept=None if r.chosen == ORIGINAL else
                     {"program": r.chosen, "ms": r.optimized_ms,
                      "derivation": list(r.derivation)})
             for r in report]
 
 
-def _originals(graph: Graph, raw: Program, cfg: OptimizeConfig) -> Program:
-    """The program the optimiser builds when every subprogram keeps its original operator:
-    compute operators as they are, element-wise and layout operators as eOperators (so that
-    post-processing fuses them as it does in the optimised program)."""
-    o = _Optimizer(graph, cfg, None)
-    kernels = [k for n in graph.nodes
-               for k in (o.node_kernel(n) if n.op in COMPUTE_OPS else o.other_node(n))]
-    return Program(raw.inputs, raw.outputs, kernels, o.constants)
+def in_context(opt: _Optimizer, groups: list[Group], start: frozenset[str],
+               decision: str | None, ref: Reference, cfg: OptimizeConfig) -> Refined | None:
+    """:func:`ollie.optimizer.context.refine` for ``opt``'s program, its choice kept in the
+    cost cache under the digests of the programs with all rewrites and with none."""
+    library = (decision or PER_OPERATOR).split(": ", 1)[-1]
+    key = None
+    decided = None
+    if opt.cache is not None:
+        digests = "+".join(program_digest(postprocess(opt.assemble(on)))
+                           for on in (frozenset(g.key for g in groups), frozenset()))
+        key = f"context|{digests}|{library}|{sorted(start)}|{device_key(cfg.device)}"
+        doc = opt.cache.get_decision(key)
+        decided = frozenset(json.loads(doc)) if doc is not None else None
+    refined = refine(opt.assemble, groups, start, library, ref.feeds, ref.want, ref.rtol,
+                     decided)
+    if refined is not None and key is not None and refined.on != decided:
+        opt.cache.put_decision(key, json.dumps(sorted(refined.on)))
+    return refined
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

@@ -1,0 +1,158 @@
+"""Program-context choice of rewrites (CPU): after the program-level library choice
+(:mod:`ollie.optimizer.libraries`), each distinct rewritten subprogram is switched on or off
+alone and the whole program timed; the switches that make the program faster are kept.
+
+Why: a subprogram's rewrite is chosen by timing it alone (:mod:`ollie.optimizer.select`), and
+in the program its neighbours change its caches and memory layouts. Until now the program
+level only chose between all rewrites and none. On InfoGAN b1 (2-core VM, 2026-11-23) four
+rewrites were each faster alone (0.044 against 0.061 ms, 0.248 against 0.277, 0.107 against
+0.160, 0.053 against 0.072), the program with all of them ran 0.449 ms and the one with none
+0.378 ms: all four were dropped, including any that helped in the program.
+
+One greedy pass from the program-level choice (all rewrites on, or all off when the original
+operators won): every single switch is timed against the current choice in interleaved rounds
+(steady state); switches faster than it by :data:`MARGIN` are applied together, and that
+combination, when there is more than one such switch, is timed against the best single switch
+and the current choice. Every variant is post-processed, given the same library decision, and
+checked against the reference outputs before it is timed. A subprogram's switch covers every
+node that shares its decision (identical subprograms, e.g. repeated blocks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ollie.errors import OllieError
+from ollie.optimizer.libraries import rel_err, variant
+from ollie.program.postprocess import postprocess
+from ollie.program.program import Program
+
+log = logging.getLogger(__name__)
+
+MARGIN = 0.02
+"""A switch must make the program this much faster (fraction of its time) to be kept."""
+
+MAX_GROUPS = 12
+"""Distinct rewrites switched at most (the largest savings measured alone first)."""
+
+ROUNDS = 9
+"""Interleaved rounds of a comparison (at least 3 run)."""
+
+MAX_SECONDS = 20.0
+"""Later rounds of a comparison stop after this long."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One distinct rewritten subprogram: its decision ``key``, the ``nodes`` that use it, and
+    the time its rewrite saved alone, over all of them (``saving_s``)."""
+
+    key: str
+    nodes: tuple[str, ...]
+    saving_s: float
+
+
+@dataclass
+class Refined:
+    """The outcome: the groups whose rewrite is on, the program and a note for the report."""
+
+    on: frozenset[str]
+    program: Program
+    note: str
+
+
+def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
+           start: frozenset[str], library: str, feeds: Mapping[str, torch.Tensor],
+           want: Mapping[str, torch.Tensor], rtol: float,
+           decided: frozenset[str] | None = None) -> Refined | None:
+    """Switch the rewrites of ``groups`` in the program ``assemble(on)`` (the raw program with
+    the rewrites of the groups in ``on`` and the original operators elsewhere), starting from
+    ``start``; every variant is post-processed and run under ``library`` (a decision of
+    :func:`~ollie.optimizer.libraries.choose_libraries`). ``decided``: a choice made before
+    (e.g. from the cost cache), checked and applied without timing. None when there is
+    nothing to switch or no variant ran."""
+    from ollie.runtime.executor import CompiledProgram
+
+    groups = sorted(groups, key=lambda g: -g.saving_s)[:MAX_GROUPS]
+    if not groups:
+        return None
+    names = {g.key: g.nodes[0] + (f" (x{len(g.nodes)})" if len(g.nodes) > 1 else "")
+             for g in groups}
+    built: dict[frozenset[str], Callable[[], object] | None] = {}
+    programs: dict[frozenset[str], Program] = {}
+
+    def runner(on: frozenset[str]) -> Callable[[], object] | None:
+        if on not in built:
+            built[on] = None
+            try:
+                prog = variant(postprocess(assemble(on)), library)
+                if prog is None:
+                    return None
+                compiled = CompiledProgram(prog, "cpu")
+                got = compiled.run(feeds)
+            except (OllieError, RuntimeError, ValueError) as exc:  # a variant is optional
+                log.info("program context: %s failed to run: %s", _describe(on, start, names), exc)
+                return None
+            if all(rel_err(got[o], want[o]) <= rtol for o in want):
+                programs[on] = prog
+                built[on] = (lambda c=compiled: c.run(feeds))
+            else:
+                log.info("program context: %s disagrees with the model",
+                         _describe(on, start, names))
+        return built[on]
+
+    if decided is not None and not (decided ^ start) <= names.keys():
+        decided = None  # switches of subprograms no longer among the groups: choose again
+    if decided is not None:
+        if runner(decided) is not None:
+            return Refined(decided, programs[decided],
+                           f"program context: {_describe(decided, start, names)} (cached)")
+        decided = None
+    if runner(start) is None:
+        return None
+    current = start
+    singles = {current ^ {g.key} for g in groups}
+    times = _time([current, *singles], runner)
+    if current not in times:
+        return None
+    base = times[current]
+    winners = [on for on in singles if on in times and times[on] < base * (1 - MARGIN)]
+    if len(winners) > 1:
+        toggled = set().union(*(on ^ current for on in winners))
+        combined = frozenset(current ^ toggled)
+        best_single = min(winners, key=times.__getitem__)
+        again = _time([current, best_single, combined], runner)
+        times.update(again)
+        pick = min(again, key=again.__getitem__)
+    else:
+        pick = winners[0] if winners else current
+    detail = ", ".join(f"{_describe(on, start, names)} {t * 1e3:.3f} ms"
+                       for on, t in times.items())
+    return Refined(pick, programs[pick],
+                   f"program context: {_describe(pick, start, names)} ({detail})")
+
+
+def _time(choices: Sequence[frozenset[str]], runner) -> dict[frozenset[str], float]:
+    from ollie.tune.measure import measure_alternating
+
+    fns = {on: fn for on in dict.fromkeys(choices) if (fn := runner(on)) is not None}
+    if len(fns) < 2:
+        return {}
+    names = {f"v{i}": on for i, on in enumerate(fns)}
+    times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
+                                rounds=ROUNDS, min_sample=0.02, lead_calls=1,
+                                max_seconds=MAX_SECONDS)
+    return {names[n]: t for n, t in times.items()}
+
+
+def _describe(on: frozenset[str], start: frozenset[str], names: Mapping[str, str]) -> str:
+    """``on`` relative to ``start``: ``+node`` for a rewrite switched on, ``-node`` off."""
+    changed = sorted(("+" if key in on else "-") + names[key] for key in on ^ start)
+    return " ".join(changed) or "as chosen"
+
+
+__all__ = ["MARGIN", "MAX_GROUPS", "Group", "Refined", "refine"]

@@ -1,0 +1,148 @@
+"""Program-context choice of rewrites (ollie.optimizer.context): switches that make the whole
+program faster are kept, a switch that changes the result never is, and ``optimize`` reports
+and caches the choice."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+import ollie
+from ollie.optimizer import context
+from ollie.optimizer.context import Group, refine
+from ollie.optimizer.final import ORIGINAL
+from ollie.program.program import Program
+from ollie.runtime.executor import CompiledProgram
+from ollie.testing.programs import original_program
+
+SLEEP = 2e-3
+"""Seconds a switch adds or saves in the timed programs below: far above timer noise."""
+
+
+def _setup(monkeypatch):
+    """A two-convolution program; ``assemble(on)`` marks the groups in ``on`` on its first
+    kernel, and the program's run sleeps according to the marks (``slow``: +2 units, ``fast``:
+    -1 unit, from 1 unit) and doubles its outputs for ``wrong``."""
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(8, 3, 3, padding=1)).eval()
+    prog, feeds, want = original_program(m, torch.randn(1, 4, 8, 8))
+
+    def assemble(on: frozenset[str]) -> Program:
+        first = prog.kernels[0]
+        marked = replace(first, params={**first.params, "test_on": sorted(on)})
+        return Program(prog.inputs, prog.outputs, [marked, *prog.kernels[1:]],
+                       prog.constants)
+
+    real_run = CompiledProgram.run
+
+    def run(self, inputs):
+        on = set(self.program.kernels[0].params.get("test_on", ()))
+        time.sleep(SLEEP * (1 + 2 * ("slow" in on) - ("fast" in on)))
+        out = real_run(self, inputs)
+        return {n: v * 2 for n, v in out.items()} if "wrong" in on else out
+
+    monkeypatch.setattr(CompiledProgram, "run", run)
+    return assemble, feeds, want
+
+
+def _groups(*keys: str) -> list[Group]:
+    return [Group(k, (f"node_{k}",), 1e-3) for k in keys]
+
+
+def test_switches_that_help_in_the_program_are_kept_together(monkeypatch):
+    assemble, feeds, want = _setup(monkeypatch)
+    groups = _groups("slow", "fast", "neutral")
+    out = refine(assemble, groups, frozenset({"slow", "neutral"}), "per operator", feeds,
+                 want, 1e-3)
+    # switching "slow" off and "fast" on each win; together they win more
+    assert out is not None and out.on == frozenset({"fast", "neutral"})
+    assert "+node_fast" in out.note and "-node_slow" in out.note
+    assert out.program.kernels[0].params["test_on"] == ["fast", "neutral"]
+
+
+def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch):
+    assemble, feeds, want = _setup(monkeypatch)
+    # "wrong" doubles the outputs; its program is not even timed
+    out = refine(assemble, _groups("wrong", "slow"), frozenset({"wrong", "slow"}),
+                 "per operator", feeds, want, 1e-3)
+    assert out is None  # the starting choice itself disagrees: nothing to refine
+    out = refine(assemble, _groups("wrong", "slow"), frozenset({"slow"}), "per operator",
+                 feeds, want, 1e-3)
+    assert out is not None and out.on == frozenset()
+    assert "+node_wrong" not in out.note
+
+
+def test_no_switch_within_the_margin(monkeypatch):
+    assemble, feeds, want = _setup(monkeypatch)
+    out = refine(assemble, _groups("neutral"), frozenset({"neutral"}), "per operator", feeds,
+                 want, 1e-3)
+    assert out is not None and out.on == frozenset({"neutral"})
+    assert out.note.startswith("program context: as chosen (")
+
+
+def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch):
+    assemble, feeds, want = _setup(monkeypatch)
+    timed = []
+    monkeypatch.setattr(context, "_time", lambda choices, runner: timed.append(choices) or {})
+    out = refine(assemble, _groups("slow", "fast"), frozenset({"slow"}), "per operator",
+                 feeds, want, 1e-3, decided=frozenset({"fast"}))
+    assert out is not None and out.on == frozenset({"fast"}) and out.note.endswith("(cached)")
+    assert not timed
+    # a cached decision that now disagrees with the model is not applied
+    out = refine(assemble, _groups("slow", "wrong"), frozenset({"slow"}), "per operator",
+                 feeds, want, 1e-3, decided=frozenset({"wrong"}))
+    assert out is None and timed  # timed again (the stub times nothing)
+
+
+def test_at_most_max_groups_switched_largest_saving_first(monkeypatch):
+    assemble, feeds, want = _setup(monkeypatch)
+    monkeypatch.setattr(context, "MAX_GROUPS", 1)
+    groups = [Group("fast", ("a",), 1e-6), Group("neutral", ("b",), 1e-3)]
+    out = refine(assemble, groups, frozenset(), "per operator", feeds, want, 1e-3)
+    # only "neutral" (the larger saving) was switched: "fast" was not tried
+    assert out is not None and out.on == frozenset()
+    assert "+b" in out.note and "+a" not in out.note
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
+    """``optimize`` switches rewrites in the program: the report of a subprogram switched off
+    records its rewrite as not kept, the program runs exactly, and a second optimisation with
+    the cache applies the choice without timing."""
+    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(3)
+    # InfoGAN's first two layers: the first as a Matmul ran 2.2x faster alone (2-core VM)
+    m = nn.Sequential(nn.ConvTranspose2d(228, 448, 2, bias=False), nn.ReLU(),
+                      nn.ConvTranspose2d(448, 64, 4, stride=2, padding=1, bias=False)).eval()
+    x = torch.randn(16, 228, 1, 1)
+    with torch.inference_mode():
+        want = m(x)
+    seen = {}
+
+    def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None):
+        seen["groups"] = groups
+        seen["decided"] = decided
+        prog = context.variant(context.postprocess(assemble(frozenset())), library)
+        return context.Refined(frozenset(), prog, "program context: test")
+
+    monkeypatch.setattr("ollie.optimizer.model.refine", all_off)
+    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2)
+    rewritten = [r for r in opt.report if r.not_kept is not None]
+    if not seen:  # nothing was rewritten in this run: the step is not taken
+        assert all(r.chosen == ORIGINAL for r in opt.report)
+        pytest.skip("no rewrite won on this machine")
+    assert seen["decided"] is None
+    assert {n for g in seen["groups"] for n in g.nodes} == {r.node for r in rewritten}
+    assert all(r.chosen == ORIGINAL for r in opt.report)
+    assert "program context: test" in opt.notes
+    kept = {k.params["node"].name for k in opt.program.kernels if k.kind == "Node"}
+    assert {r.node for r in rewritten} <= kept  # each runs as its original operator
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-4)
+    ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2)
+    assert seen["decided"] == frozenset()  # from the cache
