@@ -147,6 +147,30 @@ def test_the_original_operators_are_an_alternative_timed_and_checked():
         assert alternative_of(decision) is None
 
 
+@needs_onednn
+def test_a_program_within_the_margin_of_the_alternative_is_not_kept(monkeypatch):
+    """The alternative (the original operators) is kept unless the program is measurably
+    faster: by more than ALTERNATIVE_MARGIN of its time."""
+    import importlib
+
+    from ollie.optimizer import libraries
+
+    measure = importlib.import_module("ollie.tune.measure")  # the package exports a function
+
+    _, _, prog, feeds, want = _original_program()
+    other = with_library(prog, "torch")
+    for gain, expect in ((0.5 * libraries.ALTERNATIVE_MARGIN, "original operators"),
+                         (2 * libraries.ALTERNATIVE_MARGIN, None)):
+        def fake(fns, *args, gain=gain, **kwargs):
+            return {n: 1.0 if n.startswith("original operators") else 1.0 - gain
+                    for n in fns}
+
+        monkeypatch.setattr(measure, "measure_alternating", fake)
+        _, decision, _ = choose_libraries(other, feeds, want, 1e-3,
+                                          alternatives={"original operators": prog})
+        assert alternative_of(decision) == expect
+
+
 def _originals(graph, cfg) -> Program:
     """The program ``optimize`` builds for ``graph`` when no subprogram is rewritten."""
     from ollie.optimizer.model import _Optimizer

@@ -462,13 +462,14 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
             torch.device(cfg.device).type == "cpu":
         groups = opt.groups()
         start = frozenset() if chosen_originals else frozenset(g.key for g in groups)
+        t1 = time.perf_counter()
         refined = in_context(opt, groups, start, decision, ref, cfg)
         if refined is not None and refined.on != start:
             prog = refined.program
             off = {n for g in groups if g.key not in refined.on for n in g.nodes}
             report = kept_originals(opt.report, off)
         if refined is not None:
-            notes.append(refined.note)
+            notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), device)
 
