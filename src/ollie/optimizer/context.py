@@ -115,25 +115,28 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     if runner(start) is None:
         return None
     current = start
-    singles = {current ^ {g.key} for g in groups}
+    singles = [current ^ {g.key} for g in groups]
     times = _time([current, *singles], runner)
     if current not in times:
         return None
     base = times[current]
     winners = [on for on in singles if on in times and times[on] < base * (1 - MARGIN)]
+    detail = _detail(times, start, names)
+    pick = min(winners, key=times.__getitem__) if winners else current
     if len(winners) > 1:
         toggled = set().union(*(on ^ current for on in winners))
         combined = frozenset(current ^ toggled)
-        best_single = min(winners, key=times.__getitem__)
-        again = _time([current, best_single, combined], runner)
-        times.update(again)
-        pick = min(again, key=again.__getitem__)
-    else:
-        pick = winners[0] if winners else current
-    detail = ", ".join(f"{_describe(on, start, names)} {t * 1e3:.3f} ms"
-                       for on, t in times.items())
+        again = _time([current, pick, combined], runner)
+        if again:
+            pick = min(again, key=again.__getitem__)
+            detail += f"; then {_detail(again, start, names)}"
     return Refined(pick, programs[pick],
                    f"program context: {_describe(pick, start, names)} ({detail})")
+
+
+def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
+            names: Mapping[str, str]) -> str:
+    return ", ".join(f"{_describe(on, start, names)} {t * 1e3:.3f} ms" for on, t in times.items())
 
 
 def _time(choices: Sequence[frozenset[str]], runner) -> dict[frozenset[str], float]:
