@@ -43,8 +43,8 @@ def main(model: str = "infogan", batch: int = 1, budget: float = 15.0) -> int:
         for i, rule in enumerate(derivation, 1):
             print(f"  {i:2}. {rule}")
         print(f"  -> {program}: {ms:.3f} ms alone against {r.original_ms:.3f} ms for the "
-              "original operator" + ("" if kept else "; not kept: the whole program ran "
-                                     "faster with the original operators"))
+              "original operator" + ("" if kept else "; not kept: in the whole program it "
+                                     "was not measurably faster"))
     with torch.no_grad():
         want = module(*inputs)
         got = opt(*inputs)

@@ -46,7 +46,7 @@ from ollie.optimizer.final import (
     program_digest,
     reference,
 )
-from ollie.optimizer.libraries import PER_OPERATOR, alternative_of
+from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -86,8 +86,9 @@ class OptimizeConfig:
 @dataclass
 class SubprogramReport:
     """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
-    (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program then
-    ran faster with the original operators, else None."""
+    (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program was
+    not measurably faster with it (:mod:`ollie.optimizer.libraries`,
+    :mod:`ollie.optimizer.context`), else None."""
 
     node: str
     op: str
@@ -456,8 +457,8 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
         report = kept_originals(report)
-        notes.append(f"kept the {ORIGINALS}: the whole program ran faster with them than with "
-                     "the rewritten subprograms (times above)")
+        notes.append(f"kept the {ORIGINALS}: the whole program with the rewritten subprograms "
+                     f"was not {ALTERNATIVE_MARGIN:.0%} faster than with them (times above)")
     if which == "optimised" and rewritten and cfg.context and \
             torch.device(cfg.device).type == "cpu":
         groups = opt.groups()
