@@ -23,7 +23,7 @@ import torch
 
 from ollie.errors import OllieError
 from ollie.graph import Graph, Node, run_graph
-from ollie.optimizer.libraries import CHOICES, choose_libraries, rel_err
+from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, CHOICES, choose_libraries, rel_err
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
@@ -137,8 +137,9 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     alternatives = alternatives or {}
     # the choices offered are part of the key: a new choice is timed, not skipped
     digests = "+".join(program_digest(p) for p in (prog, *alternatives.values()))
+    # so is the margin an alternative wins by: a decision made under another is not reused
     key = f"libraries|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
-        f"{device_key(cfg.device)}"
+        f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = cache.get_decision(key) if cache is not None else None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives)
