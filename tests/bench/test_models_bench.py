@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from ollie.bench.models import graph_costs
-from ollie.optimizer.model import memory_guard, to_graph
+from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.model import to_graph
 
 
 def test_graph_costs_counts_conv_and_linear_flops() -> None:

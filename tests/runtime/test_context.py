@@ -130,7 +130,7 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
         prog = context.variant(context.postprocess(assemble(frozenset())), library)
         return context.Refined(frozenset(), prog, "program context: test")
 
-    monkeypatch.setattr("ollie.optimizer.model.refine", all_off)
+    monkeypatch.setattr("ollie.optimizer.context.refine", all_off)
     opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2)
     rewritten = [r for r in opt.report if r.not_kept is not None]
     if not seen:  # nothing was rewritten in this run: the step is not taken

@@ -20,6 +20,7 @@ node that shares its decision (identical subprograms, e.g. repeated blocks).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from ollie.errors import OllieError
+from ollie.optimizer.final import Reference, program_digest
 from ollie.optimizer.libraries import rel_err, variant
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program
+from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +142,25 @@ def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
     return ", ".join(f"{_describe(on, start, names)} {t * 1e3:.3f} ms" for on, t in times.items())
 
 
+def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
+                  start: frozenset[str], library: str, ref: Reference,
+                  cache: CostCache | None, device: str) -> Refined | None:
+    """:func:`refine` on the reference ``ref``, its choice kept in ``cache`` under the digests
+    of the programs with all rewrites and with none."""
+    key = decided = None
+    if cache is not None:
+        digests = "+".join(program_digest(postprocess(assemble(on)))
+                           for on in (frozenset(g.key for g in groups), frozenset()))
+        key = f"context|{digests}|{library}|{sorted(start)}|{device_key(device)}"
+        doc = cache.get_decision(key)
+        decided = frozenset(json.loads(doc)) if doc is not None else None
+    refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided)
+    if refined is not None and cache is not None and key is not None and \
+            refined.on != decided:
+        cache.put_decision(key, json.dumps(sorted(refined.on)))
+    return refined
+
+
 def _time(choices: Sequence[frozenset[str]], runner) -> dict[frozenset[str], float]:
     from ollie.tune.measure import measure_alternating
 
@@ -158,4 +180,4 @@ def _describe(on: frozenset[str], start: frozenset[str], names: Mapping[str, str
     return " ".join(changed) or "as chosen"
 
 
-__all__ = ["MARGIN", "MAX_GROUPS", "Group", "Refined", "refine"]
+__all__ = ["MARGIN", "MAX_GROUPS", "Group", "Refined", "cached_refine", "refine"]

@@ -24,8 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,17 +35,16 @@ from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node
 from ollie.ir import Expr
-from ollie.optimizer.context import Group, Refined, refine
+from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
     ORIGINAL,
     ORIGINALS,
-    Reference,
     checked,
     node_kernel,
-    program_digest,
     reference,
 )
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
+from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
@@ -222,6 +220,8 @@ class _Optimizer:
         self.parts: list[tuple[Node, str | None, list[Kernel]]] = []
         """Per graph node: its decision key when a rewrite was chosen for it, and its kernels
         (:meth:`assemble`)."""
+        self.rewrite_keys: dict[str, str] = {}
+        """Decision key of each node that got a rewrite (:meth:`compute_node`)."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -237,8 +237,7 @@ class _Optimizer:
                 chosen = self.other_node(node)
             kernels += chosen
             self.track_layout(node, chosen)
-            if not self.parts or self.parts[-1][0] is not node:
-                self.parts.append((node, None, chosen))
+            self.parts.append((node, self.rewrite_keys.get(node.name), chosen))
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
@@ -306,7 +305,7 @@ class _Optimizer:
         inverse = {canon: orig for orig, canon in names.items()}
         kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
                                  prefix=node.name)
-        self.parts.append((node, key, kernels))
+        self.rewrite_keys[node.name] = key
         return kernels
 
     def assemble(self, on: frozenset[str]) -> Program:
@@ -388,48 +387,6 @@ class _Optimizer:
         self.notes.append(text)
 
 
-def _meminfo(path: str, field: str) -> int:
-    """A ``kB`` field of a /proc file, in bytes."""
-    with open(path) as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(field)
-
-
-@contextmanager
-def memory_guard(fraction: float = 0.4) -> Iterator[None]:
-    """Cap this process's address space at its current size plus ``fraction`` of the memory
-    available now (Linux), for the search and selection of one subprogram. Some candidates
-    hold intermediates far larger than the operator (a summation split of a batch-16
-    512-channel convolution keeps a [16, 512, 14, 14, 512, 3] tensor: 10 GB, 18 GB as the
-    interpreter's float64); under the cap their allocation raises, and verification drops the
-    candidate, instead of the kernel's OOM killer ending the whole process. No cap once CUDA is
-    initialised: its driver maps address space of its own, beyond any such cap."""
-    if torch.cuda.is_initialized():
-        yield
-        return
-    try:
-        import resource
-
-        cap = _meminfo("/proc/self/status", "VmSize") + max(
-            int(fraction * _meminfo("/proc/meminfo", "MemAvailable")), 1 << 30)
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    except (ImportError, OSError, ValueError):
-        yield
-        return
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
-    if soft != resource.RLIM_INFINITY and soft <= cap:
-        yield  # already capped at least as tightly
-        return
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
     """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
     identical subprograms fingerprint alike), and the renaming."""
@@ -464,7 +421,9 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
         groups = opt.groups()
         start = frozenset() if chosen_originals else frozenset(g.key for g in groups)
         t1 = time.perf_counter()
-        refined = in_context(opt, groups, start, decision, ref, cfg)
+        library = (decision or PER_OPERATOR).split(": ", 1)[-1]
+        refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
+                                cfg.device)
         if refined is not None and refined.on != start:
             prog = refined.program
             off = {n for g in groups if g.key not in refined.on for n in g.nodes}
@@ -486,26 +445,6 @@ def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None
                     {"program": r.chosen, "ms": r.optimized_ms,
                      "derivation": list(r.derivation)})
             for r in report]
-
-
-def in_context(opt: _Optimizer, groups: list[Group], start: frozenset[str],
-               decision: str | None, ref: Reference, cfg: OptimizeConfig) -> Refined | None:
-    """:func:`ollie.optimizer.context.refine` for ``opt``'s program, its choice kept in the
-    cost cache under the digests of the programs with all rewrites and with none."""
-    library = (decision or PER_OPERATOR).split(": ", 1)[-1]
-    key = None
-    decided = None
-    if opt.cache is not None:
-        digests = "+".join(program_digest(postprocess(opt.assemble(on)))
-                           for on in (frozenset(g.key for g in groups), frozenset()))
-        key = f"context|{digests}|{library}|{sorted(start)}|{device_key(cfg.device)}"
-        doc = opt.cache.get_decision(key)
-        decided = frozenset(json.loads(doc)) if doc is not None else None
-    refined = refine(opt.assemble, groups, start, library, ref.feeds, ref.want, ref.rtol,
-                     decided)
-    if refined is not None and key is not None and refined.on != decided:
-        opt.cache.put_decision(key, json.dumps(sorted(refined.on)))
-    return refined
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]
