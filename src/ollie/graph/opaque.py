@@ -6,9 +6,11 @@ Two backends, chosen by ``attrs["backend"]``:
   renamed ``in0, in1, ...`` / ``out0, ...`` (an empty name stays empty: an omitted optional
   input), run as a single-node model with ``attrs["opset_imports"]``
   (``((domain, version), ...)``); sessions are cached per node and input signature.
-* ``"torch"``: ``attrs["target"]`` is a callable (an ``aten`` op overload, usually) called with
-  ``attrs["args"]`` / ``attrs["kwargs"]`` in which :class:`TensorRef` ``(i)`` stands for the
-  node's input ``i``; a tuple / list result gives the outputs in order.
+* ``"torch"``: ``attrs["target"]`` is a callable called with ``attrs["args"]`` /
+  ``attrs["kwargs"]`` in which :class:`TensorRef` ``(i)`` stands for the node's input ``i``; a
+  tuple / list result gives the outputs in order. A torch operator overload (``aten`` ops,
+  usually) is stored as an :class:`OpRef`, its qualified name: overloads cannot be pickled,
+  and a node must be (program digests and ``save``).
 
 Both carry ``output_shapes`` and ``output_dtypes`` (numpy dtype names) for shape inference.
 :func:`run_onnx_node` is also the frontends' constant-folding fallback.
@@ -37,10 +39,42 @@ class TensorRef:
     index: int
 
 
+@dataclass(frozen=True)
+class OpRef:
+    """A torch operator overload by name, ``torch.ops.<namespace>.<name>.<overload>``:
+    callable like the overload, and picklable (an overload object is not)."""
+
+    namespace: str
+    name: str
+    overload: str
+
+    @classmethod
+    def of(cls, op: Any) -> OpRef:
+        """The reference to overload ``op``."""
+        return cls(str(op.namespace), str(op._overloadpacket.__name__), str(op._overloadname))
+
+    def resolve(self) -> Callable[..., Any]:
+        try:
+            return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
+        except (AttributeError, RuntimeError) as e:
+            raise UnsupportedError(f"torch operator {self} is not available in this PyTorch "
+                                   f"({torch.__version__})") from e
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}::{self.name}.{self.overload}"
+
+
 # --------------------------------------------------------------------- attribute builders
 def torch_opaque_attrs(target: Callable[..., Any], args: Any, kwargs: dict[str, Any],
                        output_shapes: Sequence[Sequence[int]],
                        output_dtypes: Sequence[str]) -> dict[str, Any]:
+    """Attributes of an opaque node calling ``target`` (an overload is kept as an
+    :class:`OpRef`)."""
+    if isinstance(target, torch._ops.OpOverload):
+        target = OpRef.of(target)
     return {"backend": "torch", "op_type": _target_name(target), "target": target,
             "args": args, "kwargs": dict(kwargs),
             "output_shapes": [tuple(int(d) for d in s) for s in output_shapes],
@@ -66,6 +100,9 @@ def onnx_opaque_attrs(node: Any, opset_imports: Sequence[tuple[str, int]],
 
 
 def _target_name(target: Any) -> str:
+    if isinstance(target, OpRef):
+        return target.name if target.overload == "default" else \
+            f"{target.name}.{target.overload}"
     name = getattr(target, "__name__", None) or repr(target)
     overload = getattr(target, "_overloadname", None)
     packet = getattr(target, "_overloadpacket", None)
