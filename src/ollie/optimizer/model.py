@@ -50,7 +50,7 @@ from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
 from ollie.program.postprocess import describe as describe_postprocess
 from ollie.program.postprocess import postprocess
-from ollie.program.program import Program, kernel_from_json, kernel_to_json
+from ollie.program.program import Program, constant_array, kernel_from_json, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
@@ -213,7 +213,7 @@ class _Optimizer:
         self.report: list[SubprogramReport] = []
         self.notes: list[str] = []
         self.constants: dict[str, np.ndarray] = {
-            n: np.asarray(v, dtype=np.float32) for n, v in graph.initializers.items()}
+            n: constant_array(v) for n, v in graph.initializers.items()}
         self.rng = np.random.default_rng(config.seed)
         self.channels_last: set[str] = set()
         """4-D tensors the program will likely hold channels-last (:meth:`track_layout`)."""

@@ -18,7 +18,7 @@ import torch
 
 from ollie.ir import Expr
 from ollie.program.postprocess import postprocess
-from ollie.program.program import Program
+from ollie.program.program import Program, constant_array
 from ollie.runtime.executor import CompiledProgram
 from ollie.runtime.precision import tf32
 from ollie.search.candidate import Candidate, program_key, reference_sample
@@ -70,7 +70,7 @@ def candidate_program(cand: Candidate, expr: Expr, constants: Mapping[str, np.nd
     """The candidate as a post-processed program; ``constants`` are weights (folded)."""
     inputs = tuple((n, s) for n, s in expr.decls if n not in constants)
     prog = Program(inputs, (cand.output,), list(cand.kernels),
-                   {n: np.asarray(v, dtype=np.float32) for n, v in constants.items()})
+                   {n: constant_array(v) for n, v in constants.items()})
     return postprocess(prog)
 
 

@@ -46,6 +46,13 @@ class Kernel:
     shape: tuple[int, ...] | None = None  # for kernels without an expression ("Node")
 
     @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every tensor the kernel defines: ``output``, then a multi-output graph node's other
+        outputs (a ``Node`` kernel of, e.g., a split)."""
+        node = self.params.get("node") if self.kind == "Node" else None
+        return (self.output, *getattr(node, "outputs", ())[1:])
+
+    @property
     def output_shape(self) -> tuple[int, ...]:
         if self.expr is None:
             assert self.shape is not None

@@ -24,6 +24,13 @@ from ollie.program.kernel import Kernel, View
 FORMAT_VERSION = 1
 
 
+
+def constant_array(value: object) -> np.ndarray:
+    """A program constant: floating-point values as float32 (the dtype Ollie computes in);
+    integer and boolean ones (an opaque operator's indices, axes or sizes) keep their dtype."""
+    a = np.asarray(value)
+    return a if a.dtype.kind in "biu" else np.asarray(a, dtype=np.float32)
+
 @dataclass
 class Program:
     """Kernels computing ``outputs`` from ``inputs`` and ``constants``."""
@@ -38,6 +45,10 @@ class Program:
         shapes.update({n: tuple(v.shape) for n, v in self.constants.items()})
         for k in self.kernels:
             shapes[k.output] = tuple(k.output_shape)
+            if len(k.outputs) > 1:  # a multi-output graph node: its declared shapes
+                declared = getattr(k.params["node"], "attrs", {}).get("output_shapes") or ()
+                shapes.update({n: tuple(s) for n, s in zip(k.outputs[1:], declared[1:],
+                                                                  strict=False)})
         return shapes
 
     def consumers(self) -> dict[str, list[int]]:
@@ -56,7 +67,7 @@ class Program:
             if missing:
                 raise OllieError(f"program: kernel {k.kind} -> {k.output} reads undefined "
                                  f"tensor(s) {missing}")
-            defined.add(k.output)
+            defined.update(k.outputs)
         missing = [n for n in self.outputs if n not in defined]
         if missing:
             raise OllieError(f"program: outputs {missing} are never computed")

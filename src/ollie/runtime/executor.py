@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import torch
 
 from ollie.errors import ShapeError
-from ollie.program.program import Program
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program, constant_array
 from ollie.runtime.buffers import BufferCache
 from ollie.runtime.kernels import OUT_KINDS, Env, KernelFn, compile_kernel, writes_out
 from ollie.runtime.onednn import dense
@@ -32,6 +32,16 @@ __all__ = ["PROFILE_CALLS", "CompiledProgram", "compile_kernel"]
 PROFILE_CALLS = 20
 """Calls of a kernel captured in one CUDA graph by :meth:`CompiledProgram.profile`."""
 
+
+VIEW_OPS = ("Opaque", "Reshape", "Flatten", "Transpose", "Identity")
+"""Graph operators whose reference implementation may return a view of an input."""
+
+
+def may_return_view(k: Kernel) -> bool:
+    """Whether ``Node`` kernel ``k`` may return (a view of) one of its inputs."""
+    node = k.params.get("node") if k.kind == "Node" else None
+    return node is not None and getattr(node, "op", None) in VIEW_OPS and \
+        not k.params.get("activation") and not k.params.get("residual")
 
 class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
@@ -45,7 +55,7 @@ class CompiledProgram:
         self.program = program
         self.device = torch.device(device)
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
-        self.constants = {n: torch.tensor(np.asarray(v, dtype=np.float32), device=self.device)
+        self.constants = {n: torch.tensor(constant_array(v), device=self.device)
                           for n, v in program.constants.items()}
         regions = self._regions()
         self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
@@ -101,8 +111,11 @@ class CompiledProgram:
         for name, i in last_use.items():
             if name not in keep:
                 self.release[i].append(name)
-        aliased = {k.inputs[0] for k in kernels if k.kind == "Alias"}
-        # buffers of aliased tensors stay alive through their aliases: never pooled
+        # buffers of aliased tensors stay alive through their aliases: never pooled. A graph
+        # node run as it is may return a view of its inputs (a reshape, a split, an opaque
+        # operator): its inputs count as aliased
+        aliased = {k.inputs[0] for k in kernels if k.kind == "Alias"} | \
+            {n for k in kernels if may_return_view(k) for n in k.inputs}
         self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
                        k.output not in aliased and not r
                        for k, r in zip(kernels, self.in_region, strict=True)]
