@@ -21,13 +21,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ollie.errors import OllieError, ShapeError, UnsupportedError
-from ollie.ir.nodes import FUNC_ARITY
+from ollie.ir.nodes import FUNC_ARITY, rename_expr
 from ollie.lower import LOWERINGS, OPAQUE_OPS, Lowered, lower
 
 Shape = tuple[int, ...]
@@ -193,9 +193,17 @@ class Graph:
             names = names[:1]
         inputs = [(n, self.shape(n) or (1,)) for n in names]
         try:
-            return lower(node.op, inputs, **attrs)
+            low = lower(node.op, inputs, **attrs)
         except OllieError as e:
             raise prefixed(e, f"node '{node.name}'") from e
+        if not low.consts:
+            return low
+        # constants the lowering made (BatchNorm's scale / shift, ...) are named after the
+        # node, so that two nodes' constants never share a name in one program
+        taken = {*self.shapes, *self.initializers, *names, *node.outputs}
+        new = {c: sanitize(f"{node.outputs[0]}_{c}", taken) for c in low.consts}
+        return replace(low, expr=rename_expr(low.expr, new),
+                       consts={new[c]: v for c, v in low.consts.items()})
 
     def _bn_stats(self, node: Node) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}

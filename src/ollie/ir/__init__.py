@@ -17,6 +17,7 @@ from ollie.ir.nodes import (
     map_body,
     neg,
     nested_scopes,
+    rename_expr,
     tensor_names,
 )
 from ollie.ir.parser import parse
@@ -27,5 +28,5 @@ __all__ = [
     "Access", "Affine", "BinOp", "Call", "Const", "Expr", "FloorDiv", "Iter", "Mod", "Neg",
     "Node", "Scope", "Var", "accesses", "affine", "as_affine", "children", "const",
     "format_expr", "format_index", "format_scope", "make_expr", "map_body", "neg",
-    "nested_scopes", "parse", "tensor_names", "var", "verify", "verify_scope",
+    "nested_scopes", "parse", "rename_expr", "tensor_names", "var", "verify", "verify_scope",
 ]

@@ -249,3 +249,19 @@ def tensor_names(scope: Scope) -> set[str]:
         else:
             names.add(acc.source)
     return names
+
+
+def rename_expr(expr: Expr, names: Mapping[str, str]) -> Expr:
+    """``expr`` with declared tensors renamed (reads inside nested scopes too)."""
+
+    def scope(s: Scope) -> Scope:
+        def fn(node: Node) -> Node | None:
+            if isinstance(node, Access):
+                src = node.source
+                return Access(names.get(src, src) if isinstance(src, str) else scope(src),
+                              node.indices)
+            return None
+
+        return Scope(s.traversal, s.summation, map_body(s.body, fn))
+
+    return Expr(tuple((names.get(n, n), sh) for n, sh in expr.decls), scope(expr.root))
