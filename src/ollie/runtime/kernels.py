@@ -211,7 +211,8 @@ def _alias_fn(k: Kernel) -> KernelFn:
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         flat = env[src].contiguous().reshape(-1)
-        return torch.as_strided(flat, tuple(sizes), tuple(strides), int(offset))
+        return torch.as_strided(flat, tuple(sizes), tuple(strides),
+                                flat.storage_offset() + int(offset))
 
     return run
 

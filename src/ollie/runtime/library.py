@@ -41,6 +41,8 @@ def _input(kernel: Kernel, i: int, tensors: Mapping[str, torch.Tensor]) -> torch
         raise ShapeError(f"{kernel.kind} kernel -> {kernel.output}: missing input "
                          f"tensor '{name}'") from None
     shape = kernel.expr.inputs.get(name)
+    if shape is not None and t.dim() == 0 and tuple(shape) == (1,):
+        t = t.reshape(1)  # a graph scalar: expressions read rank-0 tensors as shape [1]
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ShapeError(f"{kernel.kind} kernel -> {kernel.output}: input '{name}' has shape "
                          f"{list(t.shape)}, expected {list(shape)}")
@@ -53,7 +55,9 @@ def _input(kernel: Kernel, i: int, tensors: Mapping[str, torch.Tensor]) -> torch
         # convolution output stays channels-last instead of being transposed into NCHW)
         return t
     flat = t.contiguous().reshape(-1)
-    return torch.as_strided(flat, view.sizes, view.strides, view.offset)
+    # (as_strided's offset counts from the storage's start: a tensor that is itself a view,
+    # e.g. one output of a split, starts further in)
+    return torch.as_strided(flat, view.sizes, view.strides, flat.storage_offset() + view.offset)
 
 
 def _flat_identity(view: View, numel: int) -> bool:
