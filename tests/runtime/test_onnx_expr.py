@@ -98,6 +98,28 @@ def test_reads_take_the_cheapest_form():
     assert "ReduceSum" in ops
 
 
+def test_concatenations_become_concat():
+    # tensors laid end to end along one axis, in any term order: one Concat
+    ops = _check("A: [1, 2, 3]\nB: [1, 4, 3]\nC: [1, 1, 3]\n"
+                 "L<n=0:1, c=0:7, w=0:3> B[n, c - 2, w] + A[n, c, w] + C[n, c - 6, w]")
+    assert ops == ["Concat"]
+    # of activations (relu(0) = 0): each term's activation, then one Concat
+    ops = _check("A: [2, 3]\nB: [2, 4]\nL<i=0:2, j=0:7> relu(A[i, j]) + tanh(B[i, j - 3])")
+    assert ops == ["Relu", "Tanh", "Concat"]
+    # of nested scopes (post-processing fuses the activations into the concatenation)
+    ops = _check("A: [2, 3]\nB: [2, 4]\nL<i=0:2, j=0:7> { L<i=0:2, j=0:3> relu(A[i, j]) }"
+                 "[i, j] + { L<i=0:2, j=0:4> relu(B[i, j]) }[i, j - 3]")
+    assert ops == ["Relu", "Relu", "Concat"]
+    # not concatenations: a gap, an overlap, a shifted second axis, a scaled term
+    for text in ("A: [2, 3]\nB: [2, 3]\nL<i=0:2, j=0:7> A[i, j] + B[i, j - 4]",
+                 "A: [2, 3]\nB: [2, 3]\nL<i=0:2, j=0:5> A[i, j] + B[i, j - 2]",
+                 "A: [2, 3]\nB: [2, 3]\nL<i=0:2, j=0:6> A[i, j] + B[i - 1, j - 3]",
+                 "A: [2, 3]\nB: [2, 3]\nL<i=0:2, j=0:6> A[i, j] + 2.0 * B[i, j - 3]",
+                 # sigmoid(0) = 0.5: the first term is not zero outside A
+                 "A: [2, 3]\nB: [2, 3]\nL<i=0:2, j=0:6> sigmoid(A[i, j]) + B[i, j - 3]"):
+        assert "Concat" not in _check(text)
+
+
 def test_nested_scopes_and_unread_iterators():
     _check("A: [2, 6]\nB: [6]\nL<i=0:2, j=0:6> relu(A[i, j] + "
            "{ L<p=0:2, q=1:7> Sum<s=0:1> A[p, q - 1 + s] }[i, j + 1] + B[j])")

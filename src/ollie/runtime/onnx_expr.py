@@ -55,6 +55,8 @@ strided with its iterators fixed is emitted as that many shifted reads added up.
 
 _UNARY = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "exp": "Exp", "log": "Log",
           "sqrt": "Sqrt", "abs": "Abs"}
+_ZERO_AT_ZERO = ("relu", "tanh", "sqrt", "abs")
+"""Unary functions with ``f(0) = 0``: ``f`` of a read outside its tensor is 0."""
 _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
 
 
@@ -173,6 +175,9 @@ class _Scope:
 
     def emit(self) -> str:
         nt = len(self.scope.traversal)
+        joined = self._concat()
+        if joined is not None:
+            return joined
         combos = self._unrolled()
         if combos is not None:
             value = self._unroll(combos)
@@ -195,6 +200,67 @@ class _Scope:
             value = _out(self.b, "Expand", [value, self.b.const("shape", _ints(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
+
+    def _concat(self) -> str | None:
+        """A concatenation, ``L<x...> A[x...] + B[x..., x_d - a, x...] + ...`` whose terms
+        read whole input tensors laid end to end along one axis ``d`` (each term is zero
+        outside its tensor; a term may be ``f(B[...])`` with ``f(0) = 0``, and a tensor a
+        nested scope), as one ONNX ``Concat``; else None."""
+        if self.scope.summation or any(it.lo != 0 for it in self.iters):
+            return None
+        terms, stack = [], [self.scope.body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, BinOp) and node.op == "+":
+                stack += [node.rhs, node.lhs]
+            elif isinstance(node, Access):
+                terms.append((None, node))
+            elif isinstance(node, Call) and node.fn in _ZERO_AT_ZERO and \
+                    len(node.args) == 1 and isinstance(node.args[0], Access):
+                terms.append((node.fn, node.args[0]))  # f(0) = 0: zero outside the tensor
+            else:
+                return None
+        if len(terms) < 2:
+            return None
+        axis, parts = None, []
+        for fn, acc in terms:
+            if len(acc.indices) != len(self.iters) or (isinstance(acc.source, Scope) and any(
+                    it.lo != 0 for it in acc.source.traversal)):
+                return None
+            dims = acc.source.shape if isinstance(acc.source, Scope) else \
+                self.b.shapes[self.sources[acc.source]]
+            start = 0
+            for k, (q, it) in enumerate(zip(acc.indices, self.iters, strict=True)):
+                if q.terms != ((Var(it.name), 1),):
+                    return None
+                if q.const != 0 or dims[k] != it.size:
+                    if axis not in (None, k):
+                        return None
+                    axis, start = k, -q.const
+            src = self._whole(acc.source)
+            if fn is not None:
+                src = _out(self.b, _UNARY[fn], [src], tuple(dims), fn)
+            parts.append((start, dims, src))
+        if axis is None:
+            return None
+        parts.sort(key=lambda t: t[0])
+        edge = 0
+        for start, dims, _ in parts:
+            if start != edge:
+                return None  # a gap or an overlap: not a concatenation
+            edge += dims[axis]
+        if edge != self.grid[axis]:
+            return None
+        return _out(self.b, "Concat", [src for _, _, src in parts],
+                    self.scope.shape, "concat", axis=axis)
+
+    def _whole(self, source: str | Scope) -> str:
+        """The ONNX value of an input tensor, or of a nested scope (emitted once)."""
+        if not isinstance(source, Scope):
+            return self.sources[source]
+        if source not in self.nested:
+            self.nested[source] = _Scope(self.b, source, self.sources, self.nested).emit()
+        return self.nested[source]
 
     def _const(self, value: str | float) -> str:
         return self._scalar(value) if isinstance(value, float) else value
