@@ -34,6 +34,10 @@ same process with the persistent cache warm (second / first).
 A model/batch whose largest intermediate would not fit three times in the available memory is
 skipped and says so (Longformer at seq 10000, batch 16: the [128, 10000, 2001] scores alone
 are 10 GB). Writes ``models.md``, ``models.json`` and ``models.png`` under ``out``.
+
+``cnn:NAME`` models (``cnn:all``: every one) are the architectures of
+:mod:`ollie.testing.cnns` (MobileNetV2, SqueezeNet, DenseNet, ... in the small: base width 32,
+112 x 112 inputs), benchmarked the same way; give them their own ``out`` folder.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -140,6 +144,33 @@ def graph_costs(graph) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------- one model, one batch
+CNN_PREFIX = "cnn:"
+CNN_WIDTH, CNN_SIZE = 32, 112
+"""``cnn:NAME`` models: :mod:`ollie.testing.cnns` at base width 32 on 112 x 112 inputs."""
+
+
+def expand(models: Sequence[str]) -> tuple[str, ...]:
+    """Model names with ``cnn:all`` expanded to every architecture of
+    :mod:`ollie.testing.cnns`."""
+    from ollie.testing.cnns import ARCHITECTURES
+
+    out: list[str] = []
+    for m in models:
+        out += [CNN_PREFIX + a for a in ARCHITECTURES] if m == CNN_PREFIX + "all" else [m]
+    return tuple(out)
+
+
+def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A zoo model, or a ``cnn:NAME`` architecture with seeded inputs, for ``batch``."""
+    if not name.startswith(CNN_PREFIX):
+        return ollie.zoo.get(name, batch)
+    from ollie.testing.cnns import build as build_cnn
+
+    module = build_cnn(name.removeprefix(CNN_PREFIX), CNN_WIDTH, CNN_SIZE)
+    gen = torch.Generator().manual_seed(0)
+    return module, (torch.randn(batch, 3, CNN_SIZE, CNN_SIZE, generator=gen),)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:160] if text else ''}"
@@ -168,7 +199,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             device: str = "cpu") -> dict:
     row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
     notes = row["notes"]
-    module, inputs = ollie.zoo.get(name, batch)
+    module, inputs = build(name, batch)
     module = module.to(device)
     inputs = tuple(t.to(device) for t in inputs)
     with torch.inference_mode():

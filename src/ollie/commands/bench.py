@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m = sub.add_parser("models", help="end-to-end benchmark of the zoo models against "
                                       "PyTorch eager, torch.compile and ONNX Runtime")
     m.add_argument("--models", nargs="+", default=None,
-                   help="zoo models (default: all seven)")
+                   help="zoo models (default: all seven); cnn:NAME for an architecture of "
+                        "ollie.testing.cnns (cnn:all: all twelve)")
     m.add_argument("--batches", nargs="+", type=int, default=[1, 16],
                    help="batch sizes (default: 1 16)")
     m.add_argument("--budget", type=float, default=20.0,
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bench == "models":
         from ollie.bench import models
 
-        return models.main(tuple(args.models or models.DEFAULT_MODELS), tuple(args.batches),
+        return models.main(models.expand(args.models or models.DEFAULT_MODELS), tuple(args.batches),
                            args.budget, args.out, args.keep, args.cache_dir,
                            args.threads, device=args.device)
     raise AssertionError(args.bench)
