@@ -18,8 +18,8 @@ from ollie.testing.cnns import ARCHITECTURES, build
 
 SIZE = 16
 FAST = dict(time_budget=1.0, max_candidates=2, use_cache=False)
-# the torch frontend keeps some of their operators opaque (aten calls): hardtanh, silu,
-# hardswish, chunk, upsample, layer_norm, gelu
+# the torch frontend keeps some of their operators opaque (aten calls): chunk, upsample,
+# layer_norm, gelu; others become element-wise nodes: hardtanh, silu, hardswish
 TORCH_OPAQUE = ("mobilenetv2", "mobilenetv3", "efficientnet", "shufflenetv2", "unet_resize",
                 "convnext")
 

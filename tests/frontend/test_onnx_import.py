@@ -101,6 +101,13 @@ CASES = {
         {"x": (2, 3, 4)},
         {"b": rand(4), "k": np.asarray(1.5, dtype=np.float32), "v": np.abs(rand(3, 1)) + 1},
         {"Add": 2, "Mul": 1, "Sub": 1, "Div": 1, "Sigmoid": 1, "Tanh": 1, "Relu": 1}),
+    "clip_hardsigmoid_hardswish": (
+        [N("Clip", ["x", "lo", "hi"], ["c"]), N("Clip", ["c", "", "hi"], ["c2"]),
+         N("HardSigmoid", ["c2"], ["s"], alpha=0.3, beta=0.4), N("HardSwish", ["x"], ["w"]),
+         N("Add", ["s", "w"], ["y"])],
+        {"x": (2, 3, 4)},
+        {"lo": np.asarray(-0.5, dtype=np.float32), "hi": np.asarray(0.25, dtype=np.float32)},
+        {"Max": 3, "Min": 4, "Mul": 3, "Add": 3}),
     "matmul_transpose_concat": (
         [N("MatMul", ["x", "w"], ["m"]), N("Transpose", ["m"], ["t"], perm=[0, 2, 1]),
          N("Concat", ["t", "c"], ["y"], axis=-1)],

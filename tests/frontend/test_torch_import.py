@@ -83,7 +83,7 @@ def test_attention_like_and_multiple_outputs() -> None:
 
 class Odd(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.gelu(x) + F.hardswish(x)
+        y = F.gelu(x) + F.softplus(x)
         y = F.pad(y, (1, 2))
         return torch.cumsum(y, dim=-1).relu()
 
@@ -91,9 +91,24 @@ class Odd(nn.Module):
 def test_unknown_ops_are_opaque() -> None:
     graph = check(Odd(), torch.randn(2, 3, 5))
     kinds = {n.attrs.get("op_type") for n in graph.nodes if n.op == "Opaque"}
-    assert {"gelu", "hardswish", "cumsum"} <= kinds
+    assert {"gelu", "softplus", "cumsum"} <= kinds
     with pytest.raises(OllieError, match="opaque"):
         graph.lower_node(next(n for n in graph.nodes if n.op == "Opaque"))
+
+
+class Activations(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(x * 4.0) + F.hardswish(x) - F.hardsigmoid(x) * F.silu(x)
+        return torch.clamp(y, min=-0.5) + F.hardtanh(x, -0.25, 0.75) + x.clamp(max=0.1)
+
+
+def test_composite_activations_are_element_wise_operators() -> None:
+    """ReLU6 / hardtanh / clamp, hardswish, hardsigmoid and SiLU become Max / Min / Mul / Add /
+    Sigmoid nodes (eOperators later), not opaque calls."""
+    graph = check(Activations(), torch.randn(2, 3, 5) * 4)
+    counts = graph.op_counts()
+    assert "Opaque" not in " ".join(counts)
+    assert counts["Max"] >= 4 and counts["Min"] >= 4 and counts["Sigmoid"] == 1
 
 
 def test_scalar_arithmetic_and_alpha() -> None:

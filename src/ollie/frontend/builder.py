@@ -68,6 +68,38 @@ class GraphBuilder:
         self.nodes.append(node)
         return outs
 
+    # ------------------------------------------------------------------ composite activations
+    # (element-wise graph operators, so that they become eOperators fused with their
+    # neighbours instead of opaque calls; shared by the ONNX and torch frontends)
+    def clip(self, x: str, lo: float | None, hi: float | None, hint: str) -> str:
+        """``x`` clamped to ``[lo, hi]`` (a None bound: none) as ``Max`` / ``Min`` with scalar
+        constants; ReLU6 is ``clip(x, 0, 6)``."""
+        y = x
+        if lo is not None:
+            y = self.emit1("Max", [y, self.add_const(np.float32(lo), f"{hint}_lo")],
+                           hint=hint if hi is None else f"{hint}_max")
+        if hi is not None:
+            y = self.emit1("Min", [y, self.add_const(np.float32(hi), f"{hint}_hi")], hint=hint)
+        return y if y != x else self.emit1("Identity", [x], hint=hint)
+
+    def hard_sigmoid(self, x: str, alpha: float, beta: float, hint: str) -> str:
+        """``clip(alpha * x + beta, 0, 1)``."""
+        y = self.emit1("Mul", [x, self.add_const(np.float32(alpha), f"{hint}_alpha")],
+                       hint=f"{hint}_scaled")
+        y = self.emit1("Add", [y, self.add_const(np.float32(beta), f"{hint}_beta")],
+                       hint=f"{hint}_shifted")
+        return self.clip(y, 0.0, 1.0, hint)
+
+    def hard_swish(self, x: str, hint: str) -> str:
+        """``x * hard_sigmoid(x, 1/6, 1/2)``."""
+        gate = self.hard_sigmoid(x, 1.0 / 6.0, 0.5, f"{hint}_gate")
+        return self.emit1("Mul", [x, gate], hint=hint)
+
+    def silu(self, x: str, hint: str) -> str:
+        """``x * sigmoid(x)`` (SiLU, Swish)."""
+        return self.emit1("Mul", [x, self.emit1("Sigmoid", [x], hint=f"{hint}_gate")],
+                          hint=hint)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of a tracked tensor."""
         return tuple(int(d) for d in self.meta[name].shape)

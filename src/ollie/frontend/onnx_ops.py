@@ -188,6 +188,37 @@ def _leaky(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return [imp.emit("LeakyRelu", node, node.input, {"alpha": float(a.get("alpha", 0.01))})]
 
 
+def _scalar_input(imp: OnnxImporter, node: Any, k: int, what: str) -> float | None:
+    """Optional input ``k`` of ``node`` as a Python float (it must be a constant)."""
+    name = node.input[k] if len(node.input) > k else ""
+    if not name:
+        return None
+    v = imp.const(name)
+    _require(v is not None and np.size(v) == 1, f"{what} is not a constant scalar")
+    return float(np.asarray(v).reshape(()))
+
+
+@_reg("Clip")
+def _clip(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
+    _float_io(imp, node)
+    lo = _scalar_input(imp, node, 1, "min") if "min" not in a else float(a["min"])
+    hi = _scalar_input(imp, node, 2, "max") if "max" not in a else float(a["max"])
+    return [imp.b.clip(imp.value(node.input[0]), lo, hi, node.output[0])]
+
+
+@_reg("HardSigmoid")
+def _hard_sigmoid(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
+    _float_io(imp, node)
+    return [imp.b.hard_sigmoid(imp.value(node.input[0]), float(a.get("alpha", 0.2)),
+                               float(a.get("beta", 0.5)), node.output[0])]
+
+
+@_reg("HardSwish")
+def _hard_swish(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
+    _float_io(imp, node)
+    return [imp.b.hard_swish(imp.value(node.input[0]), node.output[0])]
+
+
 def _variadic(op: str) -> Converter:
     def conv(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
         _float_io(imp, node)

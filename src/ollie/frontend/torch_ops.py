@@ -203,6 +203,52 @@ def _leaky(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
                        {"alpha": float(a.get("negative_slope", 0.01))}, node.name)
 
 
+@_reg("hardtanh.default", "hardtanh_.default")
+def _hardtanh(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not _is_float(node):
+        raise Fallback("non-float hardtanh")
+    return imp.b.clip(imp.tensor(a["self"]), float(a.get("min_val", -1.0)),
+                      float(a.get("max_val", 1.0)), node.name)
+
+
+@_reg("relu6.default", "relu6_.default")
+def _relu6(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not _is_float(node):
+        raise Fallback("non-float relu6")
+    return imp.b.clip(imp.tensor(a["self"]), 0.0, 6.0, node.name)
+
+
+@_reg("clamp.default")
+def _clamp(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    lo, hi = a.get("min"), a.get("max")
+    if not _is_float(node) or not all(v is None or isinstance(v, (int, float))
+                                      for v in (lo, hi)):
+        raise Fallback("non-float clamp or tensor bounds")
+    return imp.b.clip(imp.tensor(a["self"]), None if lo is None else float(lo),
+                      None if hi is None else float(hi), node.name)
+
+
+@_reg("silu.default", "silu_.default")
+def _silu(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not _is_float(node):
+        raise Fallback("non-float silu")
+    return imp.b.silu(imp.tensor(a["self"]), node.name)
+
+
+@_reg("hardsigmoid.default", "hardsigmoid_.default")
+def _hardsigmoid(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not _is_float(node):
+        raise Fallback("non-float hardsigmoid")
+    return imp.b.hard_sigmoid(imp.tensor(a["self"]), 1.0 / 6.0, 0.5, node.name)
+
+
+@_reg("hardswish.default", "hardswish_.default")
+def _hardswish(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not _is_float(node):
+        raise Fallback("non-float hardswish")
+    return imp.b.hard_swish(imp.tensor(a["self"]), node.name)
+
+
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max",
            "minimum": "Min"}
 
