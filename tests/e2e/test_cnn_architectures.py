@@ -124,3 +124,16 @@ def test_views_returned_by_graph_nodes_keep_their_buffers():
     for _ in range(2):
         x = torch.randn(1, 4, 5, 5)
         torch.testing.assert_close(opt(x), model(x))
+
+
+def test_element_wise_products_are_eoperators():
+    """x * sigmoid(x) matches a Matmul without a summation too; the program computes it as an
+    eOperator (fused with its neighbours), never as a k = 1 matrix product."""
+    from torch import nn
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opt = ollie.optimize(model, (x,), **FAST)
+    torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-5)
+    assert not [k.output for k in opt.program.kernels
+                if k.kind == "Matmul" and not k.expr.root.summation]
