@@ -159,6 +159,14 @@ def test_inter_expression_rules():
     consumer = ollie.parse("T: [6, 5]\nL<i=0:6, j=0:5> relu(T[i, j])")
     fused = expression_fusion(consumer, "T", e)
     np.testing.assert_allclose(ollie.interpret(fused, inp), np.maximum(full, 0), rtol=1e-5)
+    # a consumer reading the tensor inside a nested scope too (a squeeze-excitation gate,
+    # x * sigmoid(mean(x))): every read is replaced, none left undeclared
+    gate = ollie.parse("T: [6, 5]\nL<i=0:6, j=0:5> T[i, j] * sigmoid("
+                       "{ L<a=0:6> Sum<b=0:5> T[a, b] * 0.2 }[i])")
+    fused = expression_fusion(gate, "T", e)
+    assert "T" not in fused.inputs
+    want = ollie.interpret(gate, {"T": full.astype(np.float32)})
+    np.testing.assert_allclose(ollie.interpret(fused, inp), want, rtol=1e-5, atol=1e-6)
 
 
 CONV = """A: [1, 4, 5, 5]

@@ -109,6 +109,11 @@ def expression_fusion(consumer: Expr, name: str, producer: Expr) -> Expr:
         if isinstance(node, Access) and node.source == name:
             # tensor position p holds the producer's value at iterator value p + lo
             return Access(root, tuple(i + o for i, o in zip(node.indices, offsets, strict=True)))
+        if isinstance(node, Access) and isinstance(node.source, Scope):
+            # reads inside a nested scope too (x * g(mean(x)): a squeeze-excitation gate)
+            inner = node.source
+            return Access(Scope(inner.traversal, inner.summation, map_body(inner.body, fn)),
+                          node.indices)
         return None
 
     body = map_body(consumer.root.body, fn)
