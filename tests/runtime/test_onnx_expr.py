@@ -98,6 +98,32 @@ def test_reads_take_the_cheapest_form():
     assert "ReduceSum" in ops
 
 
+def test_clamps_become_clip():
+    # min(max(x, lo), hi) with literal bounds, either nesting, or one bound alone: one Clip
+    for text in ("A: [2, 5]\nL<i=0:2, j=0:5> min(max(A[i, j], -0.5), 0.5)",
+                 "A: [2, 5]\nL<i=0:2, j=0:5> max(min(A[i, j], 0.5), -0.5)",
+                 "A: [2, 5]\nL<i=0:2, j=0:5> max(0.25, A[i, j])"):
+        assert _check(text) == ["Clip"]
+    # lo > hi: max(min(x, hi), lo) is not one Clip (it is lo everywhere): the inner min
+    # alone is, then a Max (values checked by _check)
+    assert _check("A: [2, 5]\nL<i=0:2, j=0:5> max(min(A[i, j], -0.5), 0.5)") == ["Clip", "Max"]
+    # bounds read from one-element constants (a ReLU6 lowered from a graph)
+    expr = ollie.parse("A: [2, 5]\nlo: [1]\nhi: [1]\n"
+                       "L<i=0:2, j=0:5> min(max(A[i, j], lo[0]), hi[0])")
+    b = _Builder({"lo": torch.tensor([0.0]), "hi": torch.tensor([0.3])}, {"A": (2, 5)})
+    out = onnx_expr.emit_scope(b, expr.root, {"A": "A", "lo": b.const("lo"), "hi": b.const("hi")})
+    assert _ops(b) == ["Clip"]
+    a = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(b, {"A": a}, out), np.clip(a, 0.0, 0.3))
+    # a one-element constant read at a moving index is not a bound (0 outside it)
+    expr = ollie.parse("A: [2, 5]\nc: [1]\nL<i=0:2, j=0:5> max(A[i, j], c[j])")
+    b = _Builder({"c": torch.tensor([0.3])}, {"A": (2, 5)})
+    out = onnx_expr.emit_scope(b, expr.root, {"A": "A", "c": b.const("c")})
+    assert "Clip" not in _ops(b)
+    want = np.maximum(a, np.asarray([0.3, 0, 0, 0, 0], dtype=np.float32))
+    np.testing.assert_allclose(_run(b, {"A": a}, out), want)
+
+
 def test_concatenations_become_concat():
     # tensors laid end to end along one axis, in any term order: one Concat
     ops = _check("A: [1, 2, 3]\nB: [1, 4, 3]\nC: [1, 1, 3]\n"

@@ -318,10 +318,48 @@ class _Scope:
         if isinstance(node, BinOp):
             return self._apply(_BINARY[node.op], (node.lhs, node.rhs))
         assert isinstance(node, Call), node
+        clip = self._clip(node) if node.fn in ("max", "min") else None
+        if clip is not None:
+            return clip
         if node.fn in _UNARY:
             x = self._const(self.value(node.args[0]))
             return _out(self.b, _UNARY[node.fn], [x], self.b.shapes[x], node.fn)
         return self._apply(_BINARY[node.fn], node.args)
+
+    def _scalar_of(self, node: Node) -> float | None:
+        """The value of ``node`` when it is a literal or a read of a one-element constant."""
+        if isinstance(node, Const):
+            return float(node.value)
+        if isinstance(node, Access) and isinstance(node.source, str) and \
+                all(q.is_const and q.const == 0 for q in node.indices):
+            value = getattr(self.b, "inits", {}).get(self.sources.get(node.source, ""))
+            if value is not None and value.size == 1:
+                return float(np.asarray(value).reshape(()))
+        return None
+
+    def _clip(self, node: Call) -> str | None:
+        """``min(max(x, lo), hi)`` (or one of the two) with constant scalar bounds as one ONNX
+        ``Clip``, which ONNX Runtime fuses into a preceding convolution (as a ``Max`` and a
+        ``Min`` with broadcast operands, it leaves the blocked layout around each); else
+        None."""
+        bounds: dict[str, float] = {}
+        x: Node = node
+        while isinstance(x, Call) and x.fn in ("max", "min") and len(x.args) == 2 and \
+                x.fn not in bounds:
+            # (either nesting: max(min(x, hi), lo) = min(max(x, lo), hi) when lo <= hi)
+            a, b = (self._scalar_of(arg) for arg in x.args)
+            if (a is None) == (b is None):
+                break
+            bounds[x.fn] = a if a is not None else b  # type: ignore[assignment]
+            x = x.args[1] if a is not None else x.args[0]
+        if not bounds or ("max" in bounds and "min" in bounds and bounds["max"] > bounds["min"]):
+            return None
+        value = self._const(self.value(x))
+        ins = [value] + [self.b.const(which, np.asarray(bounds[fn], dtype=np.float32))
+                         if fn in bounds else "" for fn, which in (("max", "lo"), ("min", "hi"))]
+        while not ins[-1]:
+            ins.pop()
+        return _out(self.b, "Clip", ins, self.b.shapes[value], "clip")
 
     def _apply(self, op: str, args: Sequence[Node]) -> str:
         names = [self._const(self.value(a)) for a in args]
