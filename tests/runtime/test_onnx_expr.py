@@ -93,9 +93,18 @@ def test_reads_take_the_cheapest_form():
     expr = ollie.parse(f"A: [{onnx_expr.UNROLL + 1}, 8]\n"
                        f"L<h=0:8> Sum<y=0:{onnx_expr.UNROLL + 1}> A[y, h - y]")
     assert "Gather" in _check(str(expr)) and needs_gather(expr)
-    # a global average pool: a reduction
-    ops = _check("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625")
-    assert "ReduceSum" in ops
+    # a global average pool: one GlobalAveragePool, also of an activation (post-processing
+    # fuses it into the pool) or of part of a tensor (the read's slice, then the pool)
+    for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625",
+                 "A: [1, 3, 4, 2]\nL<n=0:1, c=0:3> Sum<r=0:4, s=0:2> relu(A[0, c, r, s]) * 0.125",
+                 "A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:2, w=0:4> A[n, c, h, w] * 0.125"):
+        ops = _check(text)
+        assert "GlobalAveragePool" in ops and "ReduceSum" not in ops
+    # another scale, or a grid that is not 4-D: a reduction
+    for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.5",
+                 "A: [3, 4, 4]\nL<c=0:3> Sum<h=0:4, w=0:4> A[c, h, w] * 0.0625"):
+        ops = _check(text)
+        assert "ReduceSum" in ops and "GlobalAveragePool" not in ops
 
 
 def test_clamps_become_clip():

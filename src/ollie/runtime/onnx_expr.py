@@ -178,6 +178,9 @@ class _Scope:
         joined = self._concat()
         if joined is not None:
             return joined
+        pooled = self._global_average()
+        if pooled is not None:
+            return pooled
         combos = self._unrolled()
         if combos is not None:
             value = self._unroll(combos)
@@ -253,6 +256,26 @@ class _Scope:
             return None
         return _out(self.b, "Concat", [src for _, _, src in parts],
                     self.scope.shape, "concat", axis=axis)
+
+    def _global_average(self) -> str | None:
+        """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` over a 4-D grid (two traversal axes,
+        then the two summation axes) as ``f`` over the grid and one ONNX
+        ``GlobalAveragePool`` (ONNX Runtime keeps its blocked layout through it; a ``Mul``
+        and a ``ReduceSum`` leave it); else None."""
+        body, scope = self.scope.body, self.scope
+        if len(self.grid) != 4 or len(scope.summation) != 2 or \
+                not (isinstance(body, BinOp) and body.op == "*"):
+            return None
+        inner, scale = (body.lhs, body.rhs) if isinstance(body.rhs, Const) else \
+            (body.rhs, body.lhs)
+        if not isinstance(scale, Const) or \
+                abs(scale.value * self.grid[2] * self.grid[3] - 1.0) > 1e-6:
+            return None
+        value = self.value(inner)
+        if isinstance(value, float) or self.b.shapes[value] != self.grid:
+            return None  # constant along some axis: the general form handles it
+        y = _out(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
+        return self.b.reshape(y, scope.shape)
 
     def _whole(self, source: str | Scope) -> str:
         """The ONNX value of an input tensor, or of a nested scope (emitted once)."""
