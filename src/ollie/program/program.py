@@ -24,12 +24,12 @@ from ollie.program.kernel import Kernel, View
 FORMAT_VERSION = 1
 
 
-
 def constant_array(value: object) -> np.ndarray:
     """A program constant: floating-point values as float32 (the dtype Ollie computes in);
     integer and boolean ones (an opaque operator's indices, axes or sizes) keep their dtype."""
     a = np.asarray(value)
     return a if a.dtype.kind in "biu" else np.asarray(a, dtype=np.float32)
+
 
 @dataclass
 class Program:

@@ -43,6 +43,7 @@ def may_return_view(k: Kernel) -> bool:
     return node is not None and getattr(node, "op", None) in VIEW_OPS and \
         not k.params.get("activation") and not k.params.get("residual")
 
+
 class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
 
