@@ -116,6 +116,17 @@ def test_clamps_become_clip():
     # lo > hi: max(min(x, hi), lo) is not one Clip (it is lo everywhere): the inner min
     # alone is, then a Max (values checked by _check)
     assert _check("A: [2, 5]\nL<i=0:2, j=0:5> max(min(A[i, j], -0.5), 0.5)") == ["Clip", "Max"]
+    # clip(a x + b, 0, 1): HardSigmoid; x * hardsigmoid(x) with a = 1/6, b = 1/2: HardSwish
+    assert _check("A: [2, 5]\nL<i=0:2, j=0:5> min(max(A[i, j] * 0.2 + 0.5, 0.0), 1.0)") == \
+        ["HardSigmoid"]
+    assert _check("A: [2, 5]\nL<i=0:2, j=0:5> "
+                  "A[i, j] * min(max(0.5 + A[i, j] * 0.16666667, 0.0), 1.0)") == ["HardSwish"]
+    # ... not when the gate is of another tensor, or its bounds are not [0, 1]
+    ops = _check("A: [2, 5]\nB: [2, 5]\nL<i=0:2, j=0:5> "
+                 "A[i, j] * min(max(B[i, j] * 0.16666667 + 0.5, 0.0), 1.0)")
+    assert "HardSwish" not in ops and "HardSigmoid" in ops
+    ops = _check("A: [2, 5]\nL<i=0:2, j=0:5> min(max(A[i, j] * 0.2 + 0.5, 0.0), 2.0)")
+    assert ops[-1] == "Clip" and "HardSigmoid" not in ops
     # bounds read from one-element constants (a ReLU6 lowered from a graph)
     expr = ollie.parse("A: [2, 5]\nlo: [1]\nhi: [1]\n"
                        "L<i=0:2, j=0:5> min(max(A[i, j], lo[0]), hi[0])")

@@ -339,6 +339,9 @@ class _Scope:
                 return -x
             return _out(self.b, "Neg", [x], self.b.shapes[x], "neg")
         if isinstance(node, BinOp):
+            swish = self._hard_swish(node) if node.op == "*" else None
+            if swish is not None:
+                return swish
             return self._apply(_BINARY[node.op], (node.lhs, node.rhs))
         assert isinstance(node, Call), node
         clip = self._clip(node) if node.fn in ("max", "min") else None
@@ -360,10 +363,9 @@ class _Scope:
                 return float(np.asarray(value).reshape(()))
         return None
 
-    def _clip(self, node: Call) -> str | None:
-        """``min(max(x, lo), hi)`` (or one of the two) with constant scalar bounds as one ONNX
-        ``Clip``, which ONNX Runtime fuses into a preceding convolution (as a ``Max`` and a
-        ``Min`` with broadcast operands, it leaves the blocked layout around each); else
+    def _bounds(self, node: Node) -> tuple[Node, float | None, float | None] | None:
+        """``(x, lo, hi)`` when ``node`` is ``min(max(x, lo), hi)``, either nesting, or one of
+        the two (a missing bound None), with constant scalar bounds ``lo <= hi``; else
         None."""
         bounds: dict[str, float] = {}
         x: Node = node
@@ -377,12 +379,56 @@ class _Scope:
             x = x.args[1] if a is not None else x.args[0]
         if not bounds or ("max" in bounds and "min" in bounds and bounds["max"] > bounds["min"]):
             return None
+        return x, bounds.get("max"), bounds.get("min")
+
+    def _clip(self, node: Call) -> str | None:
+        """A clamp with constant scalar bounds (:meth:`_bounds`) as one ONNX ``Clip``, which
+        ONNX Runtime fuses into a preceding convolution (as a ``Max`` and a ``Min`` with
+        broadcast operands, it leaves the blocked layout around each), or ``clip(a x + b, 0,
+        1)`` as one ``HardSigmoid``; else None."""
+        parts = self._bounds(node)
+        if parts is None:
+            return None
+        x, lo, hi = parts
+        affine = self._affine(x) if (lo, hi) == (0.0, 1.0) else None
+        if affine is not None:
+            value = self._const(self.value(affine[0]))
+            return _out(self.b, "HardSigmoid", [value], self.b.shapes[value], "hardsigmoid",
+                        alpha=affine[1], beta=affine[2])
         value = self._const(self.value(x))
-        ins = [value] + [self.b.const(which, np.asarray(bounds[fn], dtype=np.float32))
-                         if fn in bounds else "" for fn, which in (("max", "lo"), ("min", "hi"))]
+        ins = [value] + [self.b.const(which, np.asarray(v, dtype=np.float32))
+                         if v is not None else "" for v, which in ((lo, "lo"), (hi, "hi"))]
         while not ins[-1]:
             ins.pop()
         return _out(self.b, "Clip", ins, self.b.shapes[value], "clip")
+
+    def _hard_swish(self, node: BinOp) -> str | None:
+        """``x * clip(x / 6 + 1 / 2, 0, 1)`` as one ONNX ``HardSwish``; else None."""
+        for x, gate in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
+            parts = self._bounds(gate)
+            if parts is None or parts[1:] != (0.0, 1.0):
+                continue
+            affine = self._affine(parts[0])
+            if affine is not None and affine[0] == x and abs(affine[1] - 1 / 6) < 1e-7 and \
+                    abs(affine[2] - 0.5) < 1e-7:
+                value = self._const(self.value(x))
+                return _out(self.b, "HardSwish", [value], self.b.shapes[value], "hardswish")
+        return None
+
+    def _affine(self, node: Node) -> tuple[Node, float, float] | None:
+        """``(x, a, b)`` when ``node`` is ``x * a + b`` (either operand order) with constant
+        scalars ``a`` and ``b``, else None."""
+        if not (isinstance(node, BinOp) and node.op == "+"):
+            return None
+        for prod, shift in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
+            b = self._scalar_of(shift)
+            if b is None or not (isinstance(prod, BinOp) and prod.op == "*"):
+                continue
+            for x, scale in ((prod.lhs, prod.rhs), (prod.rhs, prod.lhs)):
+                a = self._scalar_of(scale)
+                if a is not None and self._scalar_of(x) is None:
+                    return x, a, b
+        return None
 
     def _apply(self, op: str, args: Sequence[Node]) -> str:
         names = [self._const(self.value(a)) for a in args]
