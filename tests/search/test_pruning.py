@@ -30,5 +30,5 @@ def test_time_budget_is_honoured():
     took = time.perf_counter() - t0
     # with a 30 s budget this search runs ~24 s on the 2-core VM; the margin covers one state's
     # verification finishing after the deadline on a loaded 2-core CI machine
-    assert res.stats["seconds"] <= 3.0 * 1.5
+    assert res.stats["seconds"] <= 3.0 * 1.5, res.stats
     assert took <= 3.0 * 1.5 + 1.5  # set-up (random inputs, reference sample) included
