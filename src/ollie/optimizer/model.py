@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ollie.caches import release_caches
 from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node
@@ -404,6 +405,15 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
              ) -> OptimizedModel:
     """Optimise a model (API.md): returns a callable program with a ``report``."""
     cfg = replace(config or OptimizeConfig(), device=device, **overrides)
+    try:
+        return _optimize(model, example_inputs, cfg, progress)
+    finally:
+        release_caches()
+
+
+def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
+              cfg: OptimizeConfig, progress: Callable[[str, int, int], None] | None
+              ) -> OptimizedModel:
     t0 = time.perf_counter()
     graph = to_graph(model, example_inputs)
     opt = _Optimizer(graph, cfg, progress)
@@ -435,7 +445,7 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
         if refined is not None:
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
-    return OptimizedModel(prog, report, notes, tuple(graph.input_names), device)
+    return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device)
 
 
 def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None = None

@@ -70,6 +70,11 @@ def _nonzero(body: Node, ranges_t: tuple, name: str, shapes_t: tuple) -> Interva
     return _nonzero_interval(body, dict(ranges_t), name, dict(shapes_t))
 
 
+def clear_cache() -> None:
+    """Drop the memo of :func:`nonzero_interval` (see ``ollie.caches``)."""
+    _nonzero.cache_clear()
+
+
 def _nonzero_interval(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
                       shapes: Mapping[str, tuple[int, ...]]) -> Interval:
     full = ranges[name]
