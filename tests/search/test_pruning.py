@@ -21,14 +21,55 @@ def test_pruning_loses_no_candidate_and_counts_exactly(name):
         assert depth < 3 or pruned.found_keys
 
 
+_BUDGET_RUN = """
+import json, sys, time
+import ollie
+from ollie.bench.cases import CASES
+expr = ollie.parse(CASES["conv3x3"].small)
+t0 = time.perf_counter()
+res = ollie.derive(expr, max_depth=7, time_budget=float(sys.argv[1]))
+print(json.dumps({"took": time.perf_counter() - t0, **res.stats}))
+"""
+
+
 def test_time_budget_is_honoured():
-    import time
+    """With a 30 s budget this search runs ~24 s on the 2-core VM; here it gets 3 s. The budget
+    is checked between steps (one state's visit, one verification), so the search may end up
+    to one step late: the stats say how long the longest step took, and steps must be well
+    under the budget. The search runs in a fresh process, as ``ollie derive`` does: inside this
+    test process, earlier tests leave millions of objects whose garbage-collection pauses
+    (up to ~2 s here) land in whichever step triggers them, which is not what this tests."""
+    import json
+    import subprocess
+    import sys
+
+    budget = 3.0
+    run = subprocess.run([sys.executable, "-c", _BUDGET_RUN, str(budget)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    stats = json.loads(run.stdout.strip().splitlines()[-1])
+    step = stats["longest_step_seconds"]
+    assert step < budget / 2, stats
+    assert stats["seconds"] <= budget + step + 0.25, stats
+    assert stats["took"] <= budget + step + 1.5, stats  # set-up (random inputs, reference sample)
+    assert stats["states_visited"] >= 2 and stats["candidates"] >= 1, stats
+
+
+def test_search_releases_its_memo_caches():
+    """The per-scope memo caches fill during a search and are dropped when it returns (they
+    would otherwise keep millions of IR objects alive in the user's process)."""
+    import importlib
+
+    fp = importlib.import_module("ollie.fingerprint")
+    zeros = importlib.import_module("ollie.rules.zeros")
+    seen = {}
+
+    def probe(_stats: dict) -> None:
+        seen["during"] = fp._scope_text.cache_info().currsize
 
     expr = ollie.parse(CASES["conv3x3"].small)
-    t0 = time.perf_counter()
-    res = ollie.derive(expr, max_depth=7, time_budget=3.0)
-    took = time.perf_counter() - t0
-    # with a 30 s budget this search runs ~24 s on the 2-core VM; the margin covers one state's
-    # verification finishing after the deadline on a loaded 2-core CI machine
-    assert res.stats["seconds"] <= 3.0 * 1.5, res.stats
-    assert took <= 3.0 * 1.5 + 1.5  # set-up (random inputs, reference sample) included
+    ollie.derive(expr, max_depth=2, time_budget=30.0, max_candidates=1, progress=probe)
+    assert seen.get("during", 0) > 0
+    assert fp._scope_text.cache_info().currsize == 0
+    assert fp._used_names.cache_info().currsize == 0
+    assert zeros._nonzero.cache_info().currsize == 0

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ollie.caches import release_caches
 from ollie.fingerprint import FingerprintSet
 from ollie.ir import Expr, format_expr
 from ollie.rules import RULES
@@ -83,8 +84,12 @@ class _Search:
         self.found: dict[str, Candidate] = {}
         self.stop = False
         self.completed = False  # the exploration ran to its depth limit (not cut short)
+        self.cut_short = False  # a state's children were left partly underived
         self.search_seconds = 0.0
         self.first_found: dict[str, dict] = {}  # library kind -> when first found
+        # the longest single step (one state's visit, or one verification): the budget is
+        # checked between steps, so a search may end at most about this much past it
+        self.longest_step = 0.0
 
     def out_of_budget(self) -> bool:
         return self.stop or time.perf_counter() >= self.search_deadline or \
@@ -95,43 +100,54 @@ class _Search:
         self.seen.add(self.expr)
         while queue and not self.out_of_budget():
             state = queue.popleft()
-            self.visited += 1
-            self.depth_reached = max(self.depth_reached, state.depth)
-            self.instantiate(state)
+            t0 = time.perf_counter()
+            self.expand(state, queue)
+            self.longest_step = max(self.longest_step, time.perf_counter() - t0)
             if self.progress and self.visited % 16 == 0:
                 self.progress(self.stats())
-            if state.depth >= self.config.max_depth:
-                continue
-            children = self.edges.setdefault(state.index, [])
-            for name in self.config.rules:
-                for d in RULES[name](state.expr):
-                    self.generated += 1
-                    expr, norm = (normalize(d.expr) if self.config.normalize
-                                  else (d.expr, []))
-                    if self.config.fingerprint_pruning:
-                        new, index = self.seen.add_index(expr)
-                        children.append(index)
-                        if not new:
-                            self.pruned += 1
-                            continue
-                    else:
-                        index = self.generated
-                    steps = (*state.steps, Step(d.rule, d.note, format_expr(d.expr)), *norm)
-                    queue.append(_State(expr, state.depth + 1, steps, index))
-                if self.out_of_budget():
-                    break
-        self.completed = not queue
+        self.completed = not queue and not self.cut_short
         self.search_seconds = time.perf_counter() - self.start
         slowest = 0.0
-        for cand in _diverse_order(self.found.values()):
-            left = self.deadline - time.perf_counter()
-            if len(self.candidates) >= self.config.max_candidates or left <= 1.2 * slowest:
+        for tried, cand in enumerate(_diverse_order(self.found.values())):
+            if len(self.candidates) >= self.config.max_candidates:
+                break
+            # the first is always verified: a search that found programs returns one
+            if tried and self.deadline - time.perf_counter() <= 1.2 * slowest:
                 break
             t0 = time.perf_counter()
             self.verify(cand)
             slowest = max(slowest, time.perf_counter() - t0)
+        self.longest_step = max(self.longest_step, slowest)
         result = sorted(self.candidates.values(), key=lambda c: c.cost)
         return DeriveResult(result, self.stats(), self.expr, frozenset(self.found))
+
+    def expand(self, state: _State, queue: deque[_State]) -> None:
+        """Visit ``state``: instantiate it, then queue its children (the budget is checked
+        after every instantiated program and every derived expression)."""
+        self.visited += 1
+        self.depth_reached = max(self.depth_reached, state.depth)
+        self.instantiate(state)
+        if state.depth >= self.config.max_depth:
+            return
+        children = self.edges.setdefault(state.index, [])
+        for name in self.config.rules:
+            for d in RULES[name](state.expr):
+                if self.out_of_budget():
+                    self.cut_short = True
+                    return
+                self.generated += 1
+                expr, norm = (normalize(d.expr) if self.config.normalize
+                              else (d.expr, []))
+                if self.config.fingerprint_pruning:
+                    new, index = self.seen.add_index(expr)
+                    children.append(index)
+                    if not new:
+                        self.pruned += 1
+                        continue
+                else:
+                    index = self.generated
+                steps = (*state.steps, Step(d.rule, d.note, format_expr(d.expr)), *norm)
+                queue.append(_State(expr, state.depth + 1, steps, index))
 
     def instantiate(self, state: _State) -> None:
         if self.config.guided:
@@ -205,7 +221,8 @@ class _Search:
                 "first_found": self.first_found, "unpruned_states": self.unpruned_states(),
                 "seconds": round(time.perf_counter() - self.start, 3),
                 "search_seconds": round(self.search_seconds or time.perf_counter() - self.start, 3),
-                "max_depth": self.depth_reached}
+                "max_depth": self.depth_reached,
+                "longest_step_seconds": round(self.longest_step, 3)}
 
 
 def _diverse_order(cands) -> list[Candidate]:
@@ -226,4 +243,7 @@ def derive(expr: Expr, max_depth: int = 7, time_budget: float = 60.0,
     """Hybrid derivation of one expression (API.md ``ollie.derive``)."""
     cfg = config or SearchConfig()
     cfg = replace(cfg, max_depth=max_depth, time_budget=time_budget, **overrides)
-    return _Search(expr, cfg, progress).run()
+    try:
+        return _Search(expr, cfg, progress).run()
+    finally:
+        release_caches()
