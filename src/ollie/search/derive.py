@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ollie.caches import release_caches
+from ollie.caches import search_scope
 from ollie.fingerprint import FingerprintSet
 from ollie.ir import Expr, format_expr
 from ollie.rules import RULES
@@ -243,7 +243,5 @@ def derive(expr: Expr, max_depth: int = 7, time_budget: float = 60.0,
     """Hybrid derivation of one expression (API.md ``ollie.derive``)."""
     cfg = config or SearchConfig()
     cfg = replace(cfg, max_depth=max_depth, time_budget=time_budget, **overrides)
-    try:
+    with search_scope():
         return _Search(expr, cfg, progress).run()
-    finally:
-        release_caches()
