@@ -85,6 +85,28 @@ def test_no_switch_within_the_margin(monkeypatch):
     assert out.note.startswith("program context: as chosen (")
 
 
+def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch):
+    """Scripted timings: the first comparison has switching "a" on 10% faster; a second
+    comparison within the margin leaves the choice as it was, one that agrees keeps it."""
+    assemble, feeds, want = _setup(monkeypatch)
+    start, on = frozenset(), frozenset({"a"})
+    for second, kept in ((0.99, start), (0.90, on)):
+        answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
+        calls = []
+
+        def scripted(choices, runner, answers=answers, calls=calls):
+            calls.append(list(choices))
+            for c in choices:
+                assert runner(c) is not None
+            return next(answers)
+
+        monkeypatch.setattr(context, "_time", scripted)
+        out = refine(assemble, _groups("a"), start, "per operator", feeds, want, 1e-3)
+        assert out is not None and out.on == kept
+        assert calls == [[start, on], [start, on]]
+        assert ("not confirmed" in out.note) == (kept == start)
+
+
 def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch):
     assemble, feeds, want = _setup(monkeypatch)
     timed = []
