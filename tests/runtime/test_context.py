@@ -94,7 +94,7 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
         answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
         calls = []
 
-        def scripted(choices, runner, answers=answers, calls=calls):
+        def scripted(choices, runner, spinning=(), answers=answers, calls=calls):
             calls.append(list(choices))
             for c in choices:
                 assert runner(c) is not None
@@ -110,7 +110,8 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
 def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch):
     assemble, feeds, want = _setup(monkeypatch)
     timed = []
-    monkeypatch.setattr(context, "_time", lambda choices, runner: timed.append(choices) or {})
+    monkeypatch.setattr(context, "_time",
+                        lambda choices, runner, spinning=(): timed.append(choices) or {})
     out = refine(assemble, _groups("slow", "fast"), frozenset({"slow"}), "per operator",
                  feeds, want, 1e-3, decided=frozenset({"fast"}))
     assert out is not None and out.on == frozenset({"fast"}) and out.note.endswith("(cached)")

@@ -79,6 +79,45 @@ def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
     torch.testing.assert_close(loaded(x), want, rtol=1e-4, atol=1e-4)
 
 
+def _spins(session: object) -> bool:
+    opts = session.get_session_options()
+    return opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_a_region_spins_only_when_it_holds_all_of_the_programs_compute():
+    """A session whose threads busy-wait between runs would take the cores from compute
+    kernels that run outside it; with all the compute inside, it spins as ONNX Runtime does by
+    default (a sleeping pool pays to wake at every parallel section)."""
+    m, x = _net()
+    plain = _optimized(m, x)
+    marked = ort_region.mark_regions(plain)
+    assert marked is not None
+    compute = [i for i, k in enumerate(marked.kernels)
+               if k.params.get("op") in ("Conv2d", "Gemm")]
+    runs = ort_region.groups(marked)
+    assert runs and len(compute) >= 3
+    for a, b in runs:
+        assert ort_region.holds_all_compute(marked, a, b) == all(a <= i < b for i in compute)
+    assert ort_region.holds_all_compute(marked, 0, len(marked.kernels))
+    assert not ort_region.holds_all_compute(marked, compute[0], compute[-1])
+    # the network's convolutions without its classifier: one region holding all the compute
+    a, b = runs[0]
+
+    def head(p: Program) -> Program:
+        return Program(p.inputs, (p.kernels[b - 1].output,), p.kernels[:b], p.constants)
+
+    constants = CompiledProgram(marked).constants
+    for prog, ref, spinning in ((marked, plain, ort_region.holds_all_compute(marked, a, b)),
+                                (head(marked), head(plain), True)):
+        region = ort_region.build_region(prog, a, b, constants)
+        assert region is not None and region.spinning is spinning
+        assert _spins(region.session) is spinning
+        compiled = CompiledProgram(prog)
+        assert compiled.spins is spinning and any(compiled.in_region)
+        # the same kernels run one by one
+        torch.testing.assert_close(compiled(x), CompiledProgram(ref)(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("layers", [
     # grouped, dilated, strided, asymmetric sizes
     [nn.Conv2d(4, 8, 3, stride=2, padding=2, dilation=2, groups=2), nn.Sigmoid(),

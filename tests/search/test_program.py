@@ -164,6 +164,22 @@ def test_measure_alternating_lead_calls_run_untimed_before_each_sample():
     assert log == ["a", "b"] + ["p", "a", "a", "a", "p", "b", "b", "b"] * 2
 
 
+def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monkeypatch):
+    """``settle``: the given idle time before every sample, ahead of its lead calls (so that
+    threads the previous function left spinning are idle), not inside the timed region."""
+    import importlib
+
+    measure = importlib.import_module("ollie.tune.measure")
+    log: list[str] = []
+    monkeypatch.setattr(measure.time, "sleep", lambda s: log.append(f"s{s:g}"))
+    measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+                                rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2)
+    assert log == ["a", "b"] + ["s0.2", "a", "a", "s0.2", "b", "b"] * 2
+    log.clear()
+    measure.measure_alternating({"a": lambda: log.append("a")}, rounds=3, warmup=0)
+    assert log == ["a"] * 3  # no settle by default
+
+
 def test_measure_alternating_skips_hopeless_functions_after_warm_up():
     """``hopeless``: a function whose call after its warm-up is that many times slower than the
     fastest one gets no rounds and is reported at that call's time; the first warm-up call

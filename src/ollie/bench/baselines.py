@@ -28,18 +28,19 @@ def fp32_everywhere(device: str) -> str:
             "(PyTorch turns it on for cuDNN by default; outputs would then differ by ~1e-3).")
 
 
-def ort_session(model_bytes: bytes, threads: int | None = None):
+def ort_session(model_bytes: bytes, threads: int | None = None, spinning: bool = False):
     """An ONNX Runtime CPU session with every graph optimisation and ``threads`` intra-op
-    threads (default: cores), whose threads do not spin after a run."""
+    threads (default: cores). Its threads busy-wait for work only with ``spinning`` (ONNX
+    Runtime's default, as users run it: the model benchmark's peer, timed with
+    ``measure_alternating(settle=...)`` because spinning threads keep taking the cores from
+    whichever system runs next); the operator benchmarks turn it off."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or cores()
     so.inter_op_num_threads = 1
-    # no busy-waiting between runs: the benchmarks time systems alternately, and spinning
-    # worker threads would take the cores of whichever system runs next
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 

@@ -58,7 +58,7 @@ import ollie
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
-from ollie.tune.measure import measure, measure_alternating
+from ollie.tune.measure import SETTLE_SECONDS, measure, measure_alternating
 
 DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
 DEFAULT_BATCHES = (1, 16)
@@ -242,8 +242,9 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
         try:
             from ollie.frontend import to_onnx_model
 
+            # ONNX Runtime's default thread pool (spinning), as users run it
             sess = ort_session(to_onnx_model(module, inputs).SerializeToString(),
-                               torch.get_num_threads())
+                               torch.get_num_threads(), spinning=True)
             feed = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=True)}
             row["errors"]["ORT"] = rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
             fns["ORT"] = lambda: sess.run(None, feed)
@@ -275,9 +276,11 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     row["loadavg"] = loadavg()
     # steady state: a sample is one untimed call then >= 20 ms of back-to-back calls, so that
     # each system runs as when serving in a loop, not from the thread / cache state the
-    # previously timed system left behind (see measure_alternating's lead_calls)
-    times = measure_alternating(fns, device, rounds=15, max_seconds=60.0, min_sample=0.02,
-                                lead_calls=1)
+    # previously timed system left behind (see measure_alternating's lead_calls); on the CPU
+    # each sample starts after the cores went idle, so that ONNX Runtime's spinning threads
+    # (its default, and Ollie's regions that hold a whole network) do not slow the next system
+    times = measure_alternating(fns, device, rounds=15, max_seconds=90.0, min_sample=0.02,
+                                lead_calls=1, settle=SETTLE_SECONDS if device == "cpu" else 0)
     row["loadavg_after"] = loadavg()
     if max(row["loadavg"], row["loadavg_after"]) > LOAD_WARN:
         notes.append(f"machine busy while timing (load average {row['loadavg']:.1f} -> "
@@ -357,7 +360,10 @@ def markdown(rows: list[dict], info: dict) -> str:
               "written and read once (element-wise operators fused). Times are medians of "
               "interleaved rounds in one process; a sample is one untimed call, then at least "
               "20 ms of back-to-back calls (steady state: each system's threads and caches as "
-              "its own previous call left them)."]
+              "its own previous call left them); on the CPU each sample starts after "
+              f"{SETTLE_SECONDS:g} s idle, so that threads a system left busy-waiting do not "
+              "slow the next one. ONNX Runtime runs with its default thread pool, whose "
+              "threads spin."]
     return "\n".join(lines) + "\n"
 
 

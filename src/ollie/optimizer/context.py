@@ -93,6 +93,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
              for g in groups}
     built: dict[frozenset[str], Callable[[], object] | None] = {}
     programs: dict[frozenset[str], Program] = {}
+    spinning: set[frozenset[str]] = set()
 
     def runner(on: frozenset[str]) -> Callable[[], object] | None:
         if on not in built:
@@ -108,6 +109,8 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
                 return None
             if all(rel_err(got[o], want[o]) <= rtol for o in want):
                 programs[on] = prog
+                if compiled.spins:
+                    spinning.add(on)
                 built[on] = (lambda c=compiled: c.run(feeds))
             else:
                 log.info("program context: %s disagrees with the model",
@@ -125,7 +128,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         return None
     current = start
     singles = [current ^ {g.key} for g in groups]
-    times = _time([current, *singles], runner)
+    times = _time([current, *singles], runner, spinning)
     if current not in times:
         return None
     base = times[current]
@@ -139,7 +142,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         choices = [current, best]
         if len(winners) > 1:
             choices.append(frozenset(current ^ set().union(*(on ^ current for on in winners))))
-        again = _time(choices, runner)
+        again = _time(choices, runner, spinning)
         if current in again:
             detail += f"; then {_detail(again, start, names)}"
             fastest = min(again, key=again.__getitem__)
@@ -175,16 +178,22 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
     return refined
 
 
-def _time(choices: Sequence[frozenset[str]], runner) -> dict[frozenset[str], float]:
-    from ollie.tune.measure import measure_alternating
+def _time(choices: Sequence[frozenset[str]], runner,
+          spinning: set[frozenset[str]] | frozenset = frozenset()
+          ) -> dict[frozenset[str], float]:
+    """Interleaved steady-state times of the programs of ``choices``; when one of them has an
+    ONNX Runtime session that spins (``spinning``), each sample starts after the cores went
+    idle."""
+    from ollie.tune.measure import SETTLE_SECONDS, measure_alternating
 
     fns = {on: fn for on in dict.fromkeys(choices) if (fn := runner(on)) is not None}
     if len(fns) < 2:
         return {}
     names = {f"v{i}": on for i, on in enumerate(fns)}
+    settle = SETTLE_SECONDS if any(on in spinning for on in fns) else 0
     times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
                                 rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS)
+                                max_seconds=MAX_SECONDS, settle=settle)
     return {names[n]: t for n, t in times.items()}
 
 

@@ -101,7 +101,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     checked). Returns the program, the decision and a note (both None when there is nothing
     to choose)."""
     from ollie.runtime.executor import CompiledProgram
-    from ollie.tune.measure import measure_alternating
+    from ollie.tune.measure import SETTLE_SECONDS, measure_alternating
 
     alternatives = alternatives or {}
     if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
@@ -119,10 +119,11 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                 variants[name] = v
     if decided is not None and decided not in variants:  # a stale decision: time them all
         return choose_libraries(prog, feeds, want, rtol, None, alternatives)
-    fns = {}
+    fns, spins = {}, False
     for name, program in variants.items():
         try:
             compiled = CompiledProgram(program, "cpu")
+            spins |= compiled.spins
             got = compiled.run(feeds)  # the first call makes the per-operator choices
         except (OllieError, RuntimeError, ValueError) as exc:  # a variant is optional
             log.info("convolution libraries: %s failed to run: %s", name, exc)
@@ -134,8 +135,10 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
     if len(fns) < 2 or PER_OPERATOR not in fns:
         return prog, None, None
+    # a variant whose ONNX Runtime session spins slows whichever runs after it: each sample
+    # then starts after the cores went idle
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS)
+                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0)
     best = min(times, key=times.__getitem__)
     others = [n for n in times if alternative_of(n) is not None]
     if others and alternative_of(best) is None:

@@ -58,6 +58,7 @@ class CompiledProgram:
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
         self.constants = {n: torch.tensor(constant_array(v), device=self.device)
                           for n, v in program.constants.items()}
+        self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
         regions = self._regions()
         self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
                     for i, k in enumerate(program.kernels)]
@@ -87,6 +88,7 @@ class CompiledProgram:
             region = ort_region.build_region(self.program, start, end, self.constants)
             if region is None:
                 continue
+            self.spins |= region.spinning
 
             def first(env: Env, out: torch.Tensor | None, r: ort_region.Region = region,
                       name: str = self.program.kernels[start].output) -> torch.Tensor:

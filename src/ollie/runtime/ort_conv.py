@@ -26,10 +26,11 @@ Conv = Callable[..., torch.Tensor]
 _ONNX_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 
 
-def session(graph: object) -> object:
+def session(graph: object, spinning: bool = False) -> object:
     """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 17, checked first): every graph
-    optimisation, PyTorch's number of threads, and no busy-waiting between runs (spinning
-    threads would take the cores from the program's next kernel)."""
+    optimisation and PyTorch's number of threads. Its threads busy-wait for work only with
+    ``spinning`` (ONNX Runtime's default): spinning threads keep taking the cores for a while
+    after a run, from whatever kernel of the program runs next."""
     import onnx
     import onnxruntime as ort
     from onnx import helper
@@ -41,7 +42,7 @@ def session(graph: object) -> object:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
 

@@ -42,12 +42,17 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
     return statistics.median(times)
 
 
+SETTLE_SECONDS = 0.2
+"""A ``settle`` long enough for ONNX Runtime's spinning threads to go idle (see
+:func:`measure_alternating`)."""
+
+
 def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
                         rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
                         min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
                         prepare: Callable[[], object] | None = None,
-                        lead_calls: int = 0, hopeless: float | None = None
-                        ) -> dict[str, float]:
+                        lead_calls: int = 0, hopeless: float | None = None,
+                        settle: float = 0.0) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -72,7 +77,14 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     ``hopeless``: a function whose call right after its warm-up took more than this many times
     the fastest one's is not timed in rounds; that call's time is returned (a selection among
     candidates loses nothing, and a 300 ms candidate no longer costs seconds of rounds next
-    to 1 ms ones)."""
+    to 1 ms ones).
+
+    ``settle``: seconds slept before each sample (before its lead calls), so that threads the
+    previous function left busy-waiting are idle again. ONNX Runtime's default thread pool
+    spins after a run: on the 2-core VM (2026-11-23), in the 60 ms after one ResNet-18 ONNX
+    Runtime call whose threads spin, a loop of 256x256 torch matmuls ran 30-37 iterations,
+    against 69-71 after a call whose threads do not; over 0.6 s it lost ~40 iterations, most
+    of them in those first 60 ms."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
         warm: dict[str, float] = {}
@@ -108,6 +120,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 fn, n = fns[name], inner[name]
                 if prepare is not None:
                     prepare()
+                if settle > 0:
+                    time.sleep(settle)
                 for _ in range(lead_calls):
                     fn()
                 _sync(device)
