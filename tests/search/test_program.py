@@ -180,6 +180,22 @@ def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monke
     assert log == ["a"] * 3  # no settle by default
 
 
+def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_up(monkeypatch):
+    """``lead_seconds``: untimed calls before each sample for at least that long, their count
+    from the warm-up's time per call (a fake clock: 1 ms per reading, so a call takes 1 ms)."""
+    import importlib
+    import itertools
+
+    measure = importlib.import_module("ollie.tune.measure")
+    clock = itertools.count()
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock) * 1e-3)
+    log: list[str] = []
+    measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+                                rounds=2, warmup=1, shuffle=False, lead_calls=1,
+                                lead_seconds=0.005)
+    assert log == ["a", "b"] + ["a"] * 6 + ["b"] * 6 + ["a"] * 6 + ["b"] * 6
+
+
 def test_measure_alternating_skips_hopeless_functions_after_warm_up():
     """``hopeless``: a function whose call after its warm-up is that many times slower than the
     fastest one gets no rounds and is reported at that call's time; the first warm-up call

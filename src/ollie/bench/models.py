@@ -58,7 +58,12 @@ import ollie
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
-from ollie.tune.measure import SETTLE_SECONDS, measure, measure_alternating
+from ollie.tune.measure import (
+    SETTLE_SECONDS,
+    SETTLED_LEAD_SECONDS,
+    measure,
+    measure_alternating,
+)
 
 DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
 DEFAULT_BATCHES = (1, 16)
@@ -274,13 +279,16 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             notes.append(f"{peer} relative error {e:.1e}")
 
     row["loadavg"] = loadavg()
-    # steady state: a sample is one untimed call then >= 20 ms of back-to-back calls, so that
+    # steady state: a sample is untimed calls then >= 20 ms of back-to-back calls, so that
     # each system runs as when serving in a loop, not from the thread / cache state the
     # previously timed system left behind (see measure_alternating's lead_calls); on the CPU
     # each sample starts after the cores went idle, so that ONNX Runtime's spinning threads
-    # (its default, and Ollie's regions that hold a whole network) do not slow the next system
+    # (its default, and Ollie's regions that hold a whole network) do not slow the next system,
+    # and its untimed calls go on long enough for the cores to be back at speed
+    cpu = device == "cpu"
     times = measure_alternating(fns, device, rounds=15, max_seconds=90.0, min_sample=0.02,
-                                lead_calls=1, settle=SETTLE_SECONDS if device == "cpu" else 0)
+                                lead_calls=1, settle=SETTLE_SECONDS if cpu else 0,
+                                lead_seconds=SETTLED_LEAD_SECONDS if cpu else 0)
     row["loadavg_after"] = loadavg()
     if max(row["loadavg"], row["loadavg_after"]) > LOAD_WARN:
         notes.append(f"machine busy while timing (load average {row['loadavg']:.1f} -> "
@@ -362,8 +370,8 @@ def markdown(rows: list[dict], info: dict) -> str:
               "20 ms of back-to-back calls (steady state: each system's threads and caches as "
               "its own previous call left them); on the CPU each sample starts after "
               f"{SETTLE_SECONDS:g} s idle, so that threads a system left busy-waiting do not "
-              "slow the next one. ONNX Runtime runs with its default thread pool, whose "
-              "threads spin."]
+              f"slow the next one, and its untimed calls go on for {SETTLED_LEAD_SECONDS:g} s. "
+              "ONNX Runtime runs with its default thread pool, whose threads spin."]
     return "\n".join(lines) + "\n"
 
 

@@ -184,16 +184,17 @@ def _time(choices: Sequence[frozenset[str]], runner,
     """Interleaved steady-state times of the programs of ``choices``; when one of them has an
     ONNX Runtime session that spins (``spinning``), each sample starts after the cores went
     idle."""
-    from ollie.tune.measure import SETTLE_SECONDS, measure_alternating
+    from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
 
     fns = {on: fn for on in dict.fromkeys(choices) if (fn := runner(on)) is not None}
     if len(fns) < 2:
         return {}
     names = {f"v{i}": on for i, on in enumerate(fns)}
-    settle = SETTLE_SECONDS if any(on in spinning for on in fns) else 0
+    spins = any(on in spinning for on in fns)
     times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
                                 rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=settle)
+                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0,
+                                lead_seconds=SETTLED_LEAD_SECONDS if spins else 0)
     return {names[n]: t for n, t in times.items()}
 
 

@@ -101,7 +101,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     checked). Returns the program, the decision and a note (both None when there is nothing
     to choose)."""
     from ollie.runtime.executor import CompiledProgram
-    from ollie.tune.measure import SETTLE_SECONDS, measure_alternating
+    from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
 
     alternatives = alternatives or {}
     if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
@@ -138,7 +138,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     # a variant whose ONNX Runtime session spins slows whichever runs after it: each sample
     # then starts after the cores went idle
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0)
+                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0,
+                                lead_seconds=SETTLED_LEAD_SECONDS if spins else 0)
     best = min(times, key=times.__getitem__)
     others = [n for n in times if alternative_of(n) is not None]
     if others and alternative_of(best) is None:

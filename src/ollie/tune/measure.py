@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -46,13 +47,19 @@ SETTLE_SECONDS = 0.2
 """A ``settle`` long enough for ONNX Runtime's spinning threads to go idle (see
 :func:`measure_alternating`)."""
 
+SETTLED_LEAD_SECONDS = 0.05
+"""The ``lead_seconds`` that go with :data:`SETTLE_SECONDS`: on the 2-core VM (2026-11-23),
+with one lead call after 0.2 s idle, InfoGAN b1 through Ollie (oneDNN and numba kernels)
+timed 0.59 ms against 0.37-0.39 ms back to back, while a spinning ONNX Runtime session
+recovered within its lead call."""
+
 
 def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
                         rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
                         min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
                         prepare: Callable[[], object] | None = None,
                         lead_calls: int = 0, hopeless: float | None = None,
-                        settle: float = 0.0) -> dict[str, float]:
+                        settle: float = 0.0, lead_seconds: float = 0.0) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -84,9 +91,14 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     spins after a run: on the 2-core VM (2026-11-23), in the 60 ms after one ResNet-18 ONNX
     Runtime call whose threads spin, a loop of 256x256 torch matmuls ran 30-37 iterations,
     against 69-71 after a call whose threads do not; over 0.6 s it lost ~40 iterations, most
-    of them in those first 60 ms."""
+    of them in those first 60 ms.
+
+    ``lead_seconds``: the lead calls go on for at least this long (their count estimated from
+    the warm-up), so that after ``settle`` a sample starts from a system running steadily
+    again (cores back at speed, its threads awake), as in a serving loop."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
+        lead: dict[str, int] = {}
         warm: dict[str, float] = {}
         for name, fn in fns.items():
             t = time.perf_counter()
@@ -103,6 +115,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 warm[name] = time.perf_counter() - t
             inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 and \
                 prepare is None else 1
+            lead[name] = max(lead_calls, min(10000, math.ceil(lead_seconds / per))) \
+                if per > 0 and lead_seconds > 0 else lead_calls
         times: dict[str, list[float]] = {name: [] for name in fns}
         order = list(fns)
         if warm:
@@ -122,7 +136,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                     prepare()
                 if settle > 0:
                     time.sleep(settle)
-                for _ in range(lead_calls):
+                for _ in range(lead[name]):
                     fn()
                 _sync(device)
                 t = time.perf_counter()
