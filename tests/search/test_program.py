@@ -176,24 +176,33 @@ def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monke
                                 rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2)
     assert log == ["a", "b"] + ["s0.2", "a", "a", "s0.2", "b", "b"] * 2
     log.clear()
+    # settle_after: only a sample that follows "a" (whose threads spin) settles
+    measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+                                rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2,
+                                settle_after={"a"})
+    assert log == ["a", "b"] + ["a", "a", "s0.2", "b", "b"] * 2
+    log.clear()
     measure.measure_alternating({"a": lambda: log.append("a")}, rounds=3, warmup=0)
     assert log == ["a"] * 3  # no settle by default
 
 
 def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_up(monkeypatch):
-    """``lead_seconds``: untimed calls before each sample for at least that long, their count
-    from the warm-up's time per call (a fake clock: 1 ms per reading, so a call takes 1 ms)."""
+    """``lead_seconds``: after a settle, untimed calls before the sample for at least that long,
+    their count from the warm-up's time per call (a fake clock: 1 ms per reading, so a call
+    takes 1 ms); a sample without a settle keeps ``lead_calls``."""
     import importlib
     import itertools
 
     measure = importlib.import_module("ollie.tune.measure")
     clock = itertools.count()
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock) * 1e-3)
+    monkeypatch.setattr(measure.time, "sleep", lambda s: None)
     log: list[str] = []
     measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
-                                rounds=2, warmup=1, shuffle=False, lead_calls=1,
-                                lead_seconds=0.005)
-    assert log == ["a", "b"] + ["a"] * 6 + ["b"] * 6 + ["a"] * 6 + ["b"] * 6
+                                rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.1,
+                                lead_seconds=0.005, settle_after={"b"})
+    # "a" follows "b" (settled: 5 lead calls), "b" follows "a" (one lead call)
+    assert log == ["a", "b"] + ["a"] * 6 + ["b"] * 2 + ["a"] * 6 + ["b"] * 2
 
 
 def test_measure_alternating_skips_hopeless_functions_after_warm_up():

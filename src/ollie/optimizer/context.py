@@ -181,8 +181,8 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
 def _time(choices: Sequence[frozenset[str]], runner,
           spinning: set[frozenset[str]] | frozenset = frozenset()
           ) -> dict[frozenset[str], float]:
-    """Interleaved steady-state times of the programs of ``choices``; when one of them has an
-    ONNX Runtime session that spins (``spinning``), each sample starts after the cores went
+    """Interleaved steady-state times of the programs of ``choices``; a sample that follows
+    one with an ONNX Runtime session that spins (``spinning``) starts after the cores went
     idle."""
     from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
 
@@ -190,11 +190,11 @@ def _time(choices: Sequence[frozenset[str]], runner,
     if len(fns) < 2:
         return {}
     names = {f"v{i}": on for i, on in enumerate(fns)}
-    spins = any(on in spinning for on in fns)
     times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
                                 rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0,
-                                lead_seconds=SETTLED_LEAD_SECONDS if spins else 0)
+                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
+                                lead_seconds=SETTLED_LEAD_SECONDS,
+                                settle_after={n for n, on in names.items() if on in spinning})
     return {names[n]: t for n, t in times.items()}
 
 

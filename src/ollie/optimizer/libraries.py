@@ -119,11 +119,12 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                 variants[name] = v
     if decided is not None and decided not in variants:  # a stale decision: time them all
         return choose_libraries(prog, feeds, want, rtol, None, alternatives)
-    fns, spins = {}, False
+    fns, spinning = {}, set()
     for name, program in variants.items():
         try:
             compiled = CompiledProgram(program, "cpu")
-            spins |= compiled.spins
+            if compiled.spins:
+                spinning.add(name)
             got = compiled.run(feeds)  # the first call makes the per-operator choices
         except (OllieError, RuntimeError, ValueError) as exc:  # a variant is optional
             log.info("convolution libraries: %s failed to run: %s", name, exc)
@@ -135,11 +136,11 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
     if len(fns) < 2 or PER_OPERATOR not in fns:
         return prog, None, None
-    # a variant whose ONNX Runtime session spins slows whichever runs after it: each sample
-    # then starts after the cores went idle
+    # a variant whose ONNX Runtime session spins slows whichever runs after it: a sample that
+    # follows one starts after the cores went idle
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS if spins else 0,
-                                lead_seconds=SETTLED_LEAD_SECONDS if spins else 0)
+                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
+                                lead_seconds=SETTLED_LEAD_SECONDS, settle_after=spinning)
     best = min(times, key=times.__getitem__)
     others = [n for n in times if alternative_of(n) is not None]
     if others and alternative_of(best) is None:

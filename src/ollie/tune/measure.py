@@ -6,7 +6,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                         min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
                         prepare: Callable[[], object] | None = None,
                         lead_calls: int = 0, hopeless: float | None = None,
-                        settle: float = 0.0, lead_seconds: float = 0.0) -> dict[str, float]:
+                        settle: float = 0.0, lead_seconds: float = 0.0,
+                        settle_after: Collection[str] | None = None) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -93,9 +94,12 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     against 69-71 after a call whose threads do not; over 0.6 s it lost ~40 iterations, most
     of them in those first 60 ms.
 
-    ``lead_seconds``: the lead calls go on for at least this long (their count estimated from
-    the warm-up), so that after ``settle`` a sample starts from a system running steadily
-    again (cores back at speed, its threads awake), as in a serving loop."""
+    ``lead_seconds``: after a settle, the lead calls go on for at least this long (their count
+    estimated from the warm-up), so that the sample starts from a system running steadily
+    again (cores back at speed, its threads awake), as in a serving loop.
+
+    ``settle_after``: settle only before a sample that follows one of these functions (the
+    ones whose threads spin); None: before every sample."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
         lead: dict[str, int] = {}
@@ -127,6 +131,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                     order.remove(name)
         rng = random.Random(seed)
         start = time.perf_counter()
+        previous = list(fns)[-1] if fns else None  # the last one warmed up
         for r in range(rounds):
             if shuffle:
                 rng.shuffle(order)
@@ -134,10 +139,12 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 fn, n = fns[name], inner[name]
                 if prepare is not None:
                     prepare()
-                if settle > 0:
+                settled = settle > 0 and (settle_after is None or previous in settle_after)
+                if settled:
                     time.sleep(settle)
-                for _ in range(lead[name]):
+                for _ in range(lead[name] if settled else lead_calls):
                     fn()
+                previous = name
                 _sync(device)
                 t = time.perf_counter()
                 for _ in range(n):
