@@ -366,7 +366,7 @@ def markdown(rows: list[dict], info: dict) -> str:
               "Conv/ConvTranspose/MatMul/Gemm/G2BMM/GBMM operators from their shapes, bytes = "
               "weights + input + output + intermediates of compute and opaque operators "
               "written and read once (element-wise operators fused). Times are medians of "
-              "interleaved rounds in one process; a sample is one untimed call, then at least "
+              "interleaved rounds in one process; a sample is untimed calls, then at least "
               "20 ms of back-to-back calls (steady state: each system's threads and caches as "
               "its own previous call left them); on the CPU each sample starts after "
               f"{SETTLE_SECONDS:g} s idle, so that threads a system left busy-waiting do not "
