@@ -123,7 +123,7 @@ def matmul_rate(sizes: tuple[int, ...] = (1024, 2048), device: str = "cpu") -> f
 # --------------------------------------------------------------------- roofline
 def graph_costs(graph) -> tuple[float, float]:
     """(FLOPs, bytes) of an ``ollie.graph.Graph`` (see the module docstring)."""
-    from ollie.optimizer.model import COMPUTE_OPS
+    from ollie.graph import COMPUTE_OPS
 
     def numel(t: str) -> int:
         return math.prod(graph.shape(t))

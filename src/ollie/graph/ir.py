@@ -32,6 +32,8 @@ from ollie.lower import LOWERINGS, OPAQUE_OPS, Lowered, lower
 
 Shape = tuple[int, ...]
 OPAQUE = "Opaque"
+COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
+"""Operators that are compute operators (the subprograms the optimizer derives)."""
 RESERVED_NAMES = frozenset({"L", "Sum", *FUNC_ARITY})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -34,7 +34,7 @@ import torch
 from ollie.caches import release_caches
 from ollie.errors import OllieError
 from ollie.fingerprint import fingerprint
-from ollie.graph import Graph, Node
+from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.ir import Expr
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -58,7 +58,6 @@ from ollie.search.instantiate import Instantiator
 from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
-COMPUTE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM", "GBMM")
 CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
 """Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN), when kept
 or run as a library ``Conv`` kernel."""

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from ollie.graph import COMPUTE_OPS
 from ollie.ir import Expr
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
@@ -389,16 +390,12 @@ class Region:
 COMPUTE_KINDS = ("Conv", "Matmul", "G2BMM", "GBMM")
 """Kernel kinds that run a library or banded compute operator."""
 
-COMPUTE_NODE_OPS = ("Conv2d", "ConvTranspose2d", "MatMul", "Gemm", "BatchMatMul", "G2BMM",
-                    "GBMM")
-"""Graph operators kept as ``Node`` kernels that are compute operators."""
-
 
 def _compute(k: Kernel) -> bool:
     if k.kind in COMPUTE_KINDS:
         return True
     if k.kind == "Node":
-        return k.params.get("op") in COMPUTE_NODE_OPS
+        return k.params.get("op") in COMPUTE_OPS
     return k.kind == "eOp" and k.params.get("bound") == "compute"
 
 
