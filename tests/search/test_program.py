@@ -176,11 +176,12 @@ def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monke
                                 rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2)
     assert log == ["a", "b"] + ["s0.2", "a", "a", "s0.2", "b", "b"] * 2
     log.clear()
-    # settle_after: only a sample that follows "a" (whose threads spin) settles
-    measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+    # settle_around: a sample of "a" (whose threads spin) and the one following it settle,
+    # not "c" after "b"
+    measure.measure_alternating({f: (lambda f=f: log.append(f)) for f in "abc"},
                                 rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2,
-                                settle_after={"a"})
-    assert log == ["a", "b"] + ["a", "a", "s0.2", "b", "b"] * 2
+                                settle_around={"a"})
+    assert log == ["a", "b", "c"] + ["s0.2", "a", "a", "s0.2", "b", "b", "c", "c"] * 2
     log.clear()
     measure.measure_alternating({"a": lambda: log.append("a")}, rounds=3, warmup=0)
     assert log == ["a"] * 3  # no settle by default
@@ -198,11 +199,11 @@ def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_u
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock) * 1e-3)
     monkeypatch.setattr(measure.time, "sleep", lambda s: None)
     log: list[str] = []
-    measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
+    measure.measure_alternating({f: (lambda f=f: log.append(f)) for f in "abc"},
                                 rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.1,
-                                lead_seconds=0.005, settle_after={"b"})
-    # "a" follows "b" (settled: 5 lead calls), "b" follows "a" (one lead call)
-    assert log == ["a", "b"] + ["a"] * 6 + ["b"] * 2 + ["a"] * 6 + ["b"] * 2
+                                lead_seconds=0.005, settle_around={"b"})
+    # "b" and "c" (after "b") settle: 5 lead calls; "a" (after "c") one lead call
+    assert log == ["a", "b", "c"] + (["a"] * 2 + ["b"] * 6 + ["c"] * 6) * 2
 
 
 def test_measure_alternating_skips_hopeless_functions_after_warm_up():

@@ -194,7 +194,7 @@ def _time(choices: Sequence[frozenset[str]], runner,
                                 rounds=ROUNDS, min_sample=0.02, lead_calls=1,
                                 max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
                                 lead_seconds=SETTLED_LEAD_SECONDS,
-                                settle_after={n for n, on in names.items() if on in spinning})
+                                settle_around={n for n, on in names.items() if on in spinning})
     return {names[n]: t for n, t in times.items()}
 
 

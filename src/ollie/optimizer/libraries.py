@@ -136,11 +136,12 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
     if len(fns) < 2 or PER_OPERATOR not in fns:
         return prog, None, None
-    # a variant whose ONNX Runtime session spins slows whichever runs after it: a sample that
-    # follows one starts after the cores went idle
+    # a variant whose ONNX Runtime session spins slows whichever runs after it, and is slowed
+    # itself right after a torch variant: its samples and the ones following them start after
+    # the cores went idle (measure_alternating's settle_around)
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
                                 max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
-                                lead_seconds=SETTLED_LEAD_SECONDS, settle_after=spinning)
+                                lead_seconds=SETTLED_LEAD_SECONDS, settle_around=spinning)
     best = min(times, key=times.__getitem__)
     others = [n for n in times if alternative_of(n) is not None]
     if others and alternative_of(best) is None:

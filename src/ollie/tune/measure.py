@@ -60,7 +60,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                         prepare: Callable[[], object] | None = None,
                         lead_calls: int = 0, hopeless: float | None = None,
                         settle: float = 0.0, lead_seconds: float = 0.0,
-                        settle_after: Collection[str] | None = None) -> dict[str, float]:
+                        settle_around: Collection[str] | None = None) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -98,8 +98,15 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     estimated from the warm-up), so that the sample starts from a system running steadily
     again (cores back at speed, its threads awake), as in a serving loop.
 
-    ``settle_after``: settle only before a sample that follows one of these functions (the
-    ones whose threads spin); None: before every sample."""
+    ``settle_around``: settle only before a sample of one of these functions (the ones whose
+    threads spin) and before a sample that follows one of them; None: before every sample.
+    Both sides matter: a spinning function slows the next one, and its own sample right after
+    a torch function (OpenMP threads still busy-waiting, its own threads asleep) is slowed
+    too. On the 2-core VM (2026-11-23, InfoGAN b1, nine rounds, oneDNN program against one
+    spinning ONNX Runtime region): settling only after the region timed it 626-639 us against
+    356-432 us for oneDNN, so the optimizer kept oneDNN; settling before every sample gave
+    314-341 us against 356-359 us, as the model benchmark (settling before every sample)
+    measures the two."""
     with torch.inference_mode():
         inner: dict[str, int] = {}
         lead: dict[str, int] = {}
@@ -139,7 +146,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 fn, n = fns[name], inner[name]
                 if prepare is not None:
                     prepare()
-                settled = settle > 0 and (settle_after is None or previous in settle_after)
+                settled = settle > 0 and (settle_around is None or previous in settle_around
+                                                or name in settle_around)
                 if settled:
                     time.sleep(settle)
                 for _ in range(lead[name] if settled else lead_calls):
