@@ -67,6 +67,9 @@ def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
         assert all(k.kind in ("Node", "Conv", "Matmul", "eOp") for k in run)
     compiled = CompiledProgram(marked)
     assert any(compiled.in_region)  # the sessions were built and checked
+    # a call runs each region once, at its first kernel; the region's other kernels are skipped
+    assert compiled.followers == {i for a, b in runs for i in range(a + 1, b)}
+    assert len(compiled.steps) == len(marked.kernels) - len(compiled.followers)
     with torch.inference_mode():
         want = m(x)
     torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)

@@ -59,6 +59,7 @@ class CompiledProgram:
         self.constants = {n: torch.tensor(constant_array(v), device=self.device)
                           for n, v in program.constants.items()}
         self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
+        self.followers: set[int] = set()  # a region's kernels after its first: nothing to run
         regions = self._regions()
         self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
                     for i, k in enumerate(program.kernels)]
@@ -96,6 +97,7 @@ class CompiledProgram:
                 return env.get(name)  # type: ignore[return-value]
 
             fns[start] = first
+            self.followers.update(range(start + 1, end))
             for i in range(start + 1, end):
                 name = self.program.kernels[i].output
                 fns[i] = lambda env, out, name=name: env.get(name)  # type: ignore[misc]
@@ -129,6 +131,15 @@ class CompiledProgram:
         # output shapes and sizes, computed once (an expression's shape is derived per access)
         self.shapes = [tuple(k.output_shape) for k in kernels]
         self.numels = [math.prod(shape) for shape in self.shapes]
+        # what a call runs: a region's first kernel stores all of the region's outputs, so its
+        # other kernels are skipped, their releases done after the step before them
+        self.steps: list[tuple[str, KernelFn, bool, bool, list[str], tuple[int, ...], int]] = []
+        for i, k in enumerate(kernels):
+            if i in self.followers and self.steps:
+                self.steps[-1][4].extend(self.release[i])
+                continue
+            self.steps.append((k.output, self.fns[i], self.pooled[i], self.cached[i],
+                               list(self.release[i]), self.shapes[i], self.numels[i]))
 
     def _new(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.buffers is not None:
@@ -175,16 +186,14 @@ class CompiledProgram:
         env: Env = dict(self.constants)
         env.update(feed)
         pool: dict[int, list[torch.Tensor]] = {}
-        for k, fn, pooled, cached, release, shape, numel in zip(
-                self.program.kernels, self.fns, self.pooled, self.cached, self.release,
-                self.shapes, self.numels, strict=True):
+        for output, fn, pooled, cached, release, shape, numel in self.steps:
             out = None
             if pooled:
                 free = pool.get(numel)
                 out = free.pop().view(shape) if free else self._new(shape)
             elif cached and self.buffers is not None:
                 out = self.buffers.get(shape)
-            env[k.output] = fn(env, out)
+            env[output] = fn(env, out)
             for name in release:
                 t = env.pop(name, None)
                 if t is not None and name in self.pooled_names:
