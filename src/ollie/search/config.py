@@ -29,7 +29,10 @@ class SearchConfig:
     ``stop_when_found``: stop exploring once a candidate using one of these library kinds is
     found; ``target``: a predicate on candidates whose first hit is timed in the statistics
     (``first_found["target"]``), and ends the exploration with ``stop_at_target`` (both used
-    by the search benchmark to time how long finding a program takes).
+    by the search benchmark to time how long finding a program takes);
+    ``max_tensor_bytes``: a candidate with a tensor larger than this (float32 bytes of a
+    kernel's output) is dropped without running: verification runs its eOperators at full
+    size through the float64 interpreter (None: :func:`default_max_tensor_bytes`).
     """
 
     max_depth: int = 7
@@ -50,3 +53,23 @@ class SearchConfig:
     stop_when_found: tuple[str, ...] = ()
     target: Callable[[object], bool] | None = None
     stop_at_target: bool = False
+    max_tensor_bytes: int | None = None
+
+
+TENSOR_MEMORY_FRACTION = 1 / 16
+"""Default :attr:`SearchConfig.max_tensor_bytes` as a fraction of physical memory. In the zoo
+run of 2026-11-23 (24 GiB VM), SRCNN, GCN and CSRNet at batch 16 derived candidates with
+intermediates of 2-18 GiB (e.g. a [16,512,14,14,512,3] re-layout: 9.2 GiB in float32, twice
+that in the interpreter); each failed to allocate and was dropped. With the fraction, the VM
+drops them before running (1.5 GiB); a larger machine no longer runs them for minutes."""
+
+
+def default_max_tensor_bytes() -> int:
+    """:data:`TENSOR_MEMORY_FRACTION` of this machine's physical memory (8 GiB when unknown)."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = 0
+    return int((total if total > 0 else 128 << 30) * TENSOR_MEMORY_FRACTION)

@@ -14,6 +14,7 @@ kernel sequence.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from ollie.search.candidate import (
     reference_sample,
     verify_candidate,
 )
-from ollie.search.config import SearchConfig
+from ollie.search.config import SearchConfig, default_max_tensor_bytes
 from ollie.search.guided import guided_derive, normalize
 from ollie.search.instantiate import Instantiator, Option
 
@@ -73,6 +74,9 @@ class _Search:
         self.reference = reference_sample(expr, self.inputs, config.verify_samples)
         self.candidates: dict[str, Candidate] = {}
         self.rejected = 0
+        self.too_large = 0  # candidates dropped for a tensor over the memory limit
+        self.max_tensor_bytes = config.max_tensor_bytes if config.max_tensor_bytes is not None \
+            else default_max_tensor_bytes()
         self.visited = self.pruned = self.generated = 0
         # derivation graph between distinct states (pruning on): state -> children states
         self.edges: dict[int, list[int]] = {}
@@ -179,7 +183,14 @@ class _Search:
                 "states_visited": self.visited}
 
     def verify(self, cand: Candidate) -> None:
-        """Run ``cand`` on random inputs against the interpreter; keep it only if it agrees."""
+        """Run ``cand`` on random inputs against the interpreter; keep it only if it agrees.
+        A candidate with a tensor over the memory limit is dropped without running."""
+        largest = max((4 * math.prod(k.output_shape) for k in cand.kernels), default=0)
+        if largest > self.max_tensor_bytes:
+            log.info("dropping a candidate with a %.2f GiB tensor (limit %.2f GiB): %s",
+                     largest / 2**30, self.max_tensor_bytes / 2**30, cand.summary())
+            self.too_large += 1
+            return
         try:
             ok, err = verify_candidate(cand, self.expr, self.inputs, self.config.verify_samples,
                                        self.config.rtol, self.config.atol, self.reference)
@@ -218,6 +229,7 @@ class _Search:
         return {"states_visited": self.visited, "states_pruned": self.pruned,
                 "states_generated": self.generated, "candidates": len(self.candidates),
                 "candidates_found": len(self.found), "rejected": self.rejected,
+                "too_large": self.too_large,
                 "first_found": self.first_found, "unpruned_states": self.unpruned_states(),
                 "seconds": round(time.perf_counter() - self.start, 3),
                 "search_seconds": round(self.search_seconds or time.perf_counter() - self.start, 3),
