@@ -112,14 +112,17 @@ class _Search:
         self.completed = not queue and not self.cut_short
         self.search_seconds = time.perf_counter() - self.start
         slowest = 0.0
-        for tried, cand in enumerate(_diverse_order(self.found.values())):
+        tried = 0
+        for cand in _diverse_order(self.found.values()):
             if len(self.candidates) >= self.config.max_candidates:
                 break
-            # the first is always verified: a search that found programs returns one
+            # the first that fits in memory is always verified: a search that found programs
+            # returns one
             if tried and self.deadline - time.perf_counter() <= 1.2 * slowest:
                 break
             t0 = time.perf_counter()
-            self.verify(cand)
+            if self.verify(cand):
+                tried += 1
             slowest = max(slowest, time.perf_counter() - t0)
         self.longest_step = max(self.longest_step, slowest)
         result = sorted(self.candidates.values(), key=lambda c: c.cost)
@@ -182,30 +185,32 @@ class _Search:
         return {"seconds": round(time.perf_counter() - self.start, 3), "depth": state.depth,
                 "states_visited": self.visited}
 
-    def verify(self, cand: Candidate) -> None:
+    def verify(self, cand: Candidate) -> bool:
         """Run ``cand`` on random inputs against the interpreter; keep it only if it agrees.
-        A candidate with a tensor over the memory limit is dropped without running."""
+        A candidate with a tensor over the memory limit is dropped without running. Returns
+        whether it ran."""
         largest = max((4 * math.prod(k.output_shape) for k in cand.kernels), default=0)
         if largest > self.max_tensor_bytes:
             log.info("dropping a candidate with a %.2f GiB tensor (limit %.2f GiB): %s",
                      largest / 2**30, self.max_tensor_bytes / 2**30, cand.summary())
             self.too_large += 1
-            return
+            return False
         try:
             ok, err = verify_candidate(cand, self.expr, self.inputs, self.config.verify_samples,
                                        self.config.rtol, self.config.atol, self.reference)
         except VerificationError as exc:
             log.warning("dropping a candidate that failed to run: %s", exc)
             self.rejected += 1
-            return
+            return True
         if not ok:
             log.error("dropping a candidate that does not match the original "
                       "(relative error %.3g): %s", err, cand.summary())
             self.rejected += 1
-            return
+            return True
         cand.verified = True
         cand.max_error = err
         self.candidates[cand.key] = cand
+        return True
 
     def unpruned_states(self) -> int | None:
         """How many states a search without pruning would visit to the same depth: the
