@@ -37,4 +37,3 @@ def test_candidates_over_the_tensor_limit_are_dropped_without_running(monkeypatc
     assert capped.candidates and capped.stats["too_large"] > 0
     assert all(_largest(c) <= limit for c in capped.candidates)
     assert ran and all(_largest(c) <= limit for c in ran)  # the others never ran
-
