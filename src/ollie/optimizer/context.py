@@ -181,9 +181,9 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
 def _time(choices: Sequence[frozenset[str]], runner,
           spinning: set[frozenset[str]] | frozenset = frozenset()
           ) -> dict[frozenset[str], float]:
-    """Interleaved steady-state times of the programs of ``choices``; a sample that follows
-    one with an ONNX Runtime session that spins (``spinning``) starts after the cores went
-    idle."""
+    """Interleaved steady-state times of the programs of ``choices``; the samples of a program
+    with an ONNX Runtime session that spins (``spinning``), and the samples that follow them,
+    start after the cores went idle (``measure_alternating``'s ``settle_around``)."""
     from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
 
     fns = {on: fn for on in dict.fromkeys(choices) if (fn := runner(on)) is not None}
