@@ -207,6 +207,10 @@ class CompiledProgram:
         its other kernels' times are those of passing a tensor on. With CUDA graphs on, a
         sample replays a graph of :data:`PROFILE_CALLS` calls of the kernel: the kernel's time
         on the device, without the launch overhead a program's graph does not pay either."""
+        with torch.inference_mode():   # as a call runs: kernels may reuse inference buffers
+            return self._profile(inputs, repeats)
+
+    def _profile(self, inputs: Mapping[str, object], repeats: int) -> list[float]:
         from ollie.runtime.cuda_graph import Graphed
         from ollie.tune.measure import measure_alternating
 
@@ -214,9 +218,10 @@ class CompiledProgram:
         env.update({n: torch.as_tensor(inputs[n], dtype=torch.float32, device=self.device)
                     for n, _ in self.program.inputs})
         times = []
-        for k, fn in zip(self.program.kernels, self.fns, strict=True):
-            out = torch.empty(tuple(k.output_shape), device=self.device) \
-                if k.kind in ("eOp", "Matmul") else None
+        for i, (k, fn) in enumerate(zip(self.program.kernels, self.fns, strict=True)):
+            # a buffer where a call gives one (reused there: no first-touch page faults)
+            out = torch.empty(self.shapes[i], device=self.device) \
+                if self.pooled[i] or self.cached[i] else None
             call, calls = (lambda f=fn, o=out: f(env, o)), 1
             if self.cuda_graphs:
                 calls = PROFILE_CALLS
