@@ -64,6 +64,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
         chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
+        made: dict[bool, tuple[torch.Size, bool]] = {}  # its output's shape and layout
 
         def run_library(env: Env, out: torch.Tensor | None) -> torch.Tensor:
             x = library._input(k, 0, env)
@@ -74,7 +75,14 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                     "Conv2d", w, bias, shape, stride, pad, dil,
                     activation=str(act) if act else None, residual=skip is not None,
                     channels_last=fmt, prefer=library_of(k))
-            return conv(x) if skip is None else conv(x, env[skip])
+            args = (x,) if skip is None else (x, env[skip])
+            if out is not None and onednn.writes_into(conv) and fmt in made:
+                buf = onednn.buffer_for(out, made[fmt], *args[1:])
+                if buf is not None:
+                    return conv(*args, out=buf)
+            y = conv(*args)
+            made[fmt] = (y.shape, onednn.is_channels_last(y))  # what a buffer must give
+            return y
 
         return run_library
     if (biases or skip is not None) and not symmetric:
@@ -243,12 +251,17 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                                   constants[ins[2]] if len(ins) == 3 else None,
                                   activation=str(act) if act else None, residual=residual,
                                   prefer=library_of(k))
+        conv = fast is not None
         if fast is None:
             fast = linear.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
                                       constants[ins[1]],
                                       constants[ins[2]] if len(ins) == 3 else None,
                                       activation=str(act) if act else None,
                                       residual=residual)
+        if conv:   # the convolution writes into the buffer it is given, if any
+            if skip is not None:
+                return lambda env, out: fast(env[ins[0]], env[skip], out=out)
+            return lambda env, out: fast(env[ins[0]], out=out)
         if fast is not None:
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip])
