@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's roofline counter and the optimizer's memory guard."""
+"""The end-to-end benchmark's roofline counter and table, and the optimizer's memory guard."""
 
 from __future__ import annotations
 
@@ -48,3 +48,19 @@ def test_memory_guard_caps_and_restores_the_address_space() -> None:
         small = np.ones(1 << 20)  # ordinary work still runs
         assert small.sum() == 1 << 20
     assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_markdown_marks_rows_kept_from_another_run() -> None:
+    import json
+
+    from ollie.bench.models import markdown
+
+    saved = Path(__file__).parents[2] / "benchmarks" / "results" / "models.json"
+    doc = json.loads(saved.read_text())
+    rows = [r for r in doc["rows"] if "skipped" not in r][:2]
+    info = dict(doc["machine"], date="2099-01-01 00:00")
+    rows[0] = dict(rows[0], measured=info["date"])
+    rows[1] = {k: v for k, v in rows[1].items() if k != "measured"}
+    lines = [ln for ln in markdown(rows, info).splitlines() if ln.startswith("| ")][1:]
+    assert "kept from" not in lines[0]
+    assert "kept from the run of an earlier date" in lines[1]

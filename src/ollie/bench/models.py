@@ -348,6 +348,8 @@ def markdown(rows: list[dict], info: dict) -> str:
                          f"| {r['skipped']} |")
             continue
         notes = [f"{r['rewritten']} subprograms rewritten", f"{r['bound']}-bound"] + r["notes"]
+        if r.get("measured", "") != info["date"]:   # a row kept (--keep) from another run
+            notes.insert(0, f"kept from the run of {r.get('measured', 'an earlier date')}")
         lines.append(
             f"| {r['model']} | {r['batch']} | " + "".join(f"{_ms(t.get(p))} | " for p in peers) +
             f"{_ms(t.get('Ollie'))} | "
@@ -461,6 +463,7 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
 
                 traceback.print_exc()
                 row = {"model": name, "batch": batch, "skipped": f"failed: {_first_line(e)}"}
+            row["measured"] = info["date"]
             if why or "skipped" in row:
                 log(f"  {row['skipped']}")
             rows = [r for r in rows if (r["model"], r["batch"]) != (name, batch)] + [row]
