@@ -175,14 +175,15 @@ class CompiledProgram:
         if self.buffers is None:
             return
         shapes = self.program.tensor_shapes()
-        views = {k.output for k in kernels if k.kind == "Alias" or may_return_view(k)}
+        shared = keep | aliased | self.pooled_names | \
+            {k.output for k in kernels if k.kind == "Alias" or may_return_view(k)}
         for i, k in enumerate(kernels):
             if not conv_takes_out(k) or self.in_region[i]:
                 continue
             r = k.inputs[-1] if k.params.get("residual") else None
             if r is not None and r in self.release[i] and k.inputs.count(r) == 1 and \
                     tuple(shapes.get(r, ())) == self.shapes[i] and \
-                    r not in keep | aliased | views | self.pooled_names:
+                    r not in shared:
                 self.into[i] = r
             elif self.numels[i] * 4 >= CONV_OUT_MIN_BYTES:
                 self.cached[i] = True
@@ -270,18 +271,21 @@ class CompiledProgram:
             # a buffer where a call gives one (reused there: no first-touch page faults)
             out = torch.empty(self.shapes[i], device=self.device) \
                 if self.pooled[i] or self.cached[i] else None
-            if self.into[i] is not None:   # a copy: the calls timed add into it
-                out = env[self.into[i]].clone(memory_format=torch.preserve_format)
-            call, calls = (lambda f=fn, o=out: f(env, o)), 1
+            kenv, into = env, self.into[i]
+            if into is not None:   # the timed calls add into a copy of the residual
+                out = env[into].clone(memory_format=torch.preserve_format)
+                kenv = {**env, into: out}
+            call, calls = (lambda f=fn, o=out, e=kenv: f(e, o)), 1
             if self.cuda_graphs:
                 calls = PROFILE_CALLS
                 call = Graphed(lambda f=fn, o=out: [f(env, o) for _ in range(PROFILE_CALLS)],
                                f"kernel -> {k.output}")
             times.append(measure_alternating({"k": call}, self.device.type, rounds=repeats,
                                              min_sample=1e-3)["k"] / calls)
-            if self.into[i] is not None:
-                out = env[self.into[i]].clone(memory_format=torch.preserve_format)
-            env[k.output] = fn(env, out)
+            if into is not None:
+                out = env[into].clone(memory_format=torch.preserve_format)
+                kenv = {**env, into: out}
+            env[k.output] = fn(kenv, out)
         return times
 
     def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
