@@ -133,7 +133,6 @@ def buffer_for(out: torch.Tensor, like: tuple[torch.Size, bool],
     return out
 
 
-
 def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` if it is dense NCHW or channels-last (both are oneDNN inputs), else a copy."""
     if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
@@ -200,14 +199,14 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                                   None, activation, [], "")
                 if out is not r:
                     out.copy_(r)
-                return _add_into(out, dense(x), packed, b, pad, st, dil, groups, "add", None,
-                             activation, [], "")
+                return _add_into(out, dense(x), packed, b, pad, st, dil, groups, "add",
+                                 None, activation, [], "")
         else:
             def run(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
                 if out is None:
                     return op(dense(x), packed, b, pad, st, dil, groups, attr, [], "")
-                return _add_into(out.zero_(), dense(x), packed, b, pad, st, dil, groups, "add",
-                             None, activation, [], "")
+                return _add_into(out.zero_(), dense(x), packed, b, pad, st, dil, groups,
+                                 "add", None, activation, [], "")
 
         run.takes_out = True  # type: ignore[attr-defined]
         ref = _post(activation, residual, lambda x: F.conv2d(x, w, b, st, pad, dil, groups))
