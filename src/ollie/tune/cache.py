@@ -24,12 +24,13 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
-RUNTIME_VERSION = 13
+RUNTIME_VERSION = 14
 """Bumped whenever kernels or the executor change in a way that changes measured times (it is
 part of every key, so measurements and decisions of an older runtime are not reused). 12:
 program-level comparisons settle before a spinning variant's samples (decisions timed before
 kept oneDNN over a faster ONNX Runtime region on InfoGAN b1). 13: softmax and convolutions
-write into reused buffers (large outputs no longer page-faulted in on every call)."""
+write into reused buffers (large outputs no longer page-faulted in on every call). 14: the
+wide G2BMM / GBMM path works in cache-sized batch chunks."""
 
 
 def device_key(device: str) -> str:
