@@ -271,10 +271,8 @@ class CompiledProgram:
             # a buffer where a call gives one (reused there: no first-touch page faults)
             out = torch.empty(self.shapes[i], device=self.device) \
                 if self.pooled[i] or self.cached[i] else None
-            kenv, into = env, self.into[i]
-            if into is not None:   # the timed calls add into a copy of the residual
-                out = env[into].clone(memory_format=torch.preserve_format)
-                kenv = {**env, into: out}
+            into = self.into[i]
+            kenv, out = self._residual_copy(env, into) if into is not None else (env, out)
             call, calls = (lambda f=fn, o=out, e=kenv: f(e, o)), 1
             if self.cuda_graphs:
                 calls = PROFILE_CALLS
@@ -283,10 +281,17 @@ class CompiledProgram:
             times.append(measure_alternating({"k": call}, self.device.type, rounds=repeats,
                                              min_sample=1e-3)["k"] / calls)
             if into is not None:
-                out = env[into].clone(memory_format=torch.preserve_format)
-                kenv = {**env, into: out}
+                kenv, out = self._residual_copy(env, into)
             env[k.output] = fn(kenv, out)
         return times
+
+    @staticmethod
+    def _residual_copy(env: Env, into: str) -> tuple[Env, torch.Tensor]:
+        """``env`` with a copy of the residual ``into``, and that copy: a convolution adding
+        into its residual is profiled on it (the residual itself stays as the program
+        computed it)."""
+        copy = env[into].clone(memory_format=torch.preserve_format)
+        return {**env, into: copy}, copy
 
     def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         names = [n for n, _ in self.program.inputs]

@@ -64,7 +64,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
         shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
         chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
-        made: dict[bool, tuple[torch.Size, bool]] = {}  # its output's shape and layout
+        made: onednn.Made = {}  # its output's shape and layout, per input memory format
 
         def run_library(env: Env, out: torch.Tensor | None) -> torch.Tensor:
             x = library._input(k, 0, env)
@@ -76,13 +76,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                     activation=str(act) if act else None, residual=skip is not None,
                     channels_last=fmt, prefer=library_of(k))
             args = (x,) if skip is None else (x, env[skip])
-            if out is not None and onednn.writes_into(conv) and fmt in made:
-                buf = onednn.buffer_for(out, made[fmt], *args[1:])
-                if buf is not None:
-                    return conv(*args, out=buf)
-            y = conv(*args)
-            made[fmt] = (y.shape, onednn.is_channels_last(y))  # what a buffer must give
-            return y
+            return onednn.call_into(conv, args, out, made, fmt)
 
         return run_library
     if (biases or skip is not None) and not symmetric:

@@ -133,6 +133,25 @@ def buffer_for(out: torch.Tensor, like: tuple[torch.Size, bool],
     return out
 
 
+Made = dict[object, tuple[torch.Size, bool]]
+"""Per call configuration: the shape and channels-last flag of a convolution's fresh output."""
+
+
+def call_into(conv: Conv, args: tuple[torch.Tensor, ...], out: torch.Tensor | None,
+              made: Made, key: object) -> torch.Tensor:
+    """``conv(*args)`` (``args``: the input, then the residual if any), written into ``out``
+    when ``conv`` can (:func:`writes_into`) and an earlier call with ``key`` showed the layout
+    its output has (:func:`buffer_for`); else a fresh output, whose layout is recorded in
+    ``made``."""
+    if out is not None and writes_into(conv) and key in made:
+        buf = buffer_for(out, made[key], *args[1:])
+        if buf is not None:
+            return conv(*args, out=buf)
+    y = conv(*args)
+    made[key] = (y.shape, is_channels_last(y))
+    return y
+
+
 def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` if it is dense NCHW or channels-last (both are oneDNN inputs), else a copy."""
     if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
@@ -371,7 +390,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     groups = int(attrs.get("groups", 1))
     opad = _pair(attrs.get("output_padding", 0))
     cache: dict[tuple[tuple[int, ...], bool], Conv] = {}
-    made: dict[tuple[tuple[int, ...], bool], tuple[torch.Size, bool]] = {}
+    made: Made = {}
 
     def run(x: torch.Tensor, *residual_input: torch.Tensor,
             out: torch.Tensor | None = None) -> torch.Tensor:
@@ -381,12 +400,6 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         if fn is None:
             fn = cache[key] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
                                         activation, residual, key[1], prefer)
-        if out is not None and writes_into(fn) and key in made:
-            buf = buffer_for(out, made[key], *residual_input)
-            if buf is not None:
-                return fn(x, *residual_input, out=buf)
-        y = fn(x, *residual_input)
-        made[key] = (y.shape, is_channels_last(y))  # the layout a buffer must give it
-        return y
+        return call_into(fn, (x, *residual_input), out, made, key)
 
     return run
