@@ -37,7 +37,8 @@ from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import ort_region
-from ollie.runtime.onednn import CONV_OPS
+from ollie.runtime import winograd
+from ollie.runtime.onednn import ANY_OF, CONV_OPS, WINOGRAD
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,35 @@ REGIONS_ONEDNN = f"{REGIONS} + oneDNN packed"
 Runtime convolution between torch kernels pays for OpenMP threads that still busy-wait
 (GCN b16, 2026-11-22: per operator 852 ms, oneDNN 640 ms, regions 572 ms)."""
 
-CHOICES = (*UNIFORM, REGIONS, REGIONS_ONEDNN)
+ONEDNN_WINOGRAD = f"{UNIFORM[0]}{ANY_OF}{WINOGRAD}"
+"""Every convolution on oneDNN, or on a Winograd convolution where one applies and measured
+faster alone (:mod:`ollie.runtime.winograd`; both run on torch's threads; the per-operator
+choice may also pick ONNX Runtime, whose threads then compete with torch's)."""
+
+CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
 
 
 def is_library_conv(k: Kernel) -> bool:
     """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
     return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)
+
+
+def winograd_applies(k: Kernel, prog: Program) -> bool:
+    """Whether library convolution ``k`` of ``prog`` has a Winograd form
+    (:func:`ollie.runtime.winograd.applies`)."""
+    from ollie.graph.execute import _pair
+
+    if k.kind == "Conv":
+        p = k.params
+        shape = (0, 0, int(p["r"]), int(p["s"]))
+        return winograd.applies(shape, (int(p["sh"]), int(p["sw"])), int(p.get("groups", 1)))
+    if k.kind != "Node" or k.params.get("op") != "Conv2d" or len(k.inputs) < 2 or \
+            k.inputs[1] not in prog.constants:
+        return False
+    attrs = dict(k.params["node"].attrs)  # type: ignore[attr-defined]
+    return winograd.applies(tuple(prog.constants[k.inputs[1]].shape),
+                            _pair(attrs.get("stride", 1)), int(attrs.get("groups", 1)))
 
 
 def with_library(prog: Program, library: str) -> Program:
@@ -162,6 +185,9 @@ def variant(prog: Program, name: str) -> Program | None:
     """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
     if name == PER_OPERATOR:
         return prog
+    if name == ONEDNN_WINOGRAD and not any(
+            is_library_conv(k) and winograd_applies(k, prog) for k in prog.kernels):
+        return None  # as UNIFORM[0]
     if name in (REGIONS, REGIONS_ONEDNN):
         marked = ort_region.mark_regions(prog)
         if marked is None or name == REGIONS:
@@ -181,6 +207,8 @@ def _label(decision: str) -> str:
         return f"{REGIONS} (others per operator)"
     if decision == REGIONS_ONEDNN:
         return f"{REGIONS} (others oneDNN packed)"
+    if decision == ONEDNN_WINOGRAD:
+        return f"{UNIFORM[0]}, {WINOGRAD} where faster"
     return f"all {decision}"
 
 

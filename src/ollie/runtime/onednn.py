@@ -267,6 +267,12 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         return None
 
 
+ANY_OF = " or "
+"""Joins implementation names in a ``prefer`` (:func:`fastest_of`): the fastest of them."""
+
+WINOGRAD = "Winograd"
+"""The name of :func:`ollie.runtime.winograd.winograd_conv2d` among the implementations."""
+
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
 
@@ -314,7 +320,12 @@ def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tupl
     None); once a choice is remembered for ``key`` only the chosen one is built (building an
     implementation packs a weight or creates an ONNX Runtime session). ``prefer``: the name
     of the implementation to use, without measuring, when it can be built (a program-level
-    choice, :mod:`ollie.optimizer.libraries`)."""
+    choice, :mod:`ollie.optimizer.libraries`); names joined by :data:`ANY_OF`: the fastest
+    of those that can be built, measured."""
+    if prefer is not None and ANY_OF in prefer:  # the fastest of these, measured
+        subset = {n: builders[n] for n in prefer.split(ANY_OF) if n in builders}
+        if subset:
+            builders, key, prefer = subset, (*key, prefer), None
     if prefer in builders:
         impl = builders[prefer]()  # type: ignore[index]
         if impl is not None:
@@ -341,6 +352,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     the output of a packed oneDNN convolution is; an implementation that needs NCHW pays for
     the conversion in its time). ``prefer`` names an implementation to use without
     measuring when it is available (:func:`fastest_of`)."""
+    from ollie.runtime import winograd
     from ollie.runtime.ort_conv import ort_conv
 
     def conv(x: torch.Tensor) -> torch.Tensor:
@@ -360,11 +372,15 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
 
     key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
            output_padding, activation, bias is None, residual, channels_last)
-    return fastest_of({"oneDNN packed": packed, "torch": lambda: plain,
-                       "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride,
-                                                        padding, dilation, groups,
-                                                        output_padding, activation, residual)},
-                      input_shape, key,
+    builders: dict[str, Callable[[], Conv | None]] = {
+        "oneDNN packed": packed, "torch": lambda: plain,
+        "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride, padding,
+                                         dilation, groups, output_padding, activation,
+                                         residual)}
+    if op == "Conv2d" and winograd.applies(tuple(weight.shape), stride, groups):
+        builders[WINOGRAD] = lambda: winograd.winograd_conv2d(
+            weight, input_shape, stride, padding, dilation, bias, groups, activation, residual)
+    return fastest_of(builders, input_shape, key,
                       lambda: probes(input_shape, plain, residual, channels_last), prefer)
 
 

@@ -1,0 +1,138 @@
+"""Winograd convolutions: the Cook-Toom matrices compute 1-D correlations exactly; the
+F(4x4, 3x3) convolution (generated transforms + oneDNN products) agrees with the reference
+interpreter and ``F.conv2d`` on random inputs (padding, dilation, bias, residual,
+activations, both memory formats); ``best_conv`` and programs can choose it."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ollie
+from ollie.runtime import onednn, winograd
+
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="no oneDNN in this torch")
+
+
+@given(m=st.integers(1, 5), r=st.integers(1, 5),
+       data=st.lists(st.integers(-9, 9), min_size=20, max_size=20))
+def test_matrices_compute_the_correlation_exactly(m: int, r: int, data: list[int]) -> None:
+    at, g, bt = winograd.matrices(m, r)
+    n = m + r - 1
+    d = [Fraction(v) for v in data[:n]]
+    w = [Fraction(v) for v in data[n:n + r]]
+    gw = [sum(row[k] * w[k] for k in range(r)) for row in g]
+    bd = [sum(row[k] * d[k] for k in range(n)) for row in bt]
+    y = [sum(row[k] * gw[k] * bd[k] for k in range(n)) for row in at]
+    assert y == [sum(w[k] * d[i + k] for k in range(r)) for i in range(m)]
+
+
+def test_applies_only_to_stride_one_ungrouped_square_kernels() -> None:
+    assert winograd.applies((8, 4, 3, 3), (1, 1), 1)
+    assert not winograd.applies((8, 4, 3, 3), (2, 2), 1)
+    assert not winograd.applies((8, 2, 3, 3), (1, 1), 2)
+    assert not winograd.applies((8, 4, 1, 1), (1, 1), 1)
+    assert not winograd.applies((8, 4, 3, 1), (1, 1), 1)
+
+
+def _interpreted(x: torch.Tensor, w: torch.Tensor, pad: int, dil: int) -> np.ndarray:
+    n, c, h, wd = x.shape
+    f = w.shape[0]
+    ho, wo = h + 2 * pad - 2 * dil, wd + 2 * pad - 2 * dil
+    expr = ollie.parse(
+        f"A: {list(x.shape)}\nK: {list(w.shape)}\n"
+        f"L<n=0:{n}, f=0:{f}, h=0:{ho}, w=0:{wo}> Sum<c=0:{c}, r=0:3, s=0:3> "
+        f"A[n, c, h + {dil}*r - {pad}, w + {dil}*s - {pad}] * K[f, c, r, s]")
+    return ollie.interpret(expr, {"A": x.numpy(), "K": w.numpy()})
+
+
+@needs_onednn
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 2), c=st.integers(1, 9), f=st.integers(1, 9),
+       h=st.integers(1, 13), wd=st.integers(1, 13), pad=st.integers(0, 2),
+       dil=st.integers(1, 3), bias=st.booleans(), residual=st.booleans(),
+       act=st.sampled_from([None, "relu", "tanh"]), cl=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_winograd_conv_matches_the_interpreter(n, c, f, h, wd, pad, dil, bias, residual, act,
+                                               cl, seed) -> None:
+    ho, wo = h + 2 * pad - 2 * dil, wd + 2 * pad - 2 * dil
+    if ho <= 0 or wo <= 0:
+        assert winograd.winograd_conv2d(torch.randn(f, c, 3, 3), (n, c, h, wd), (1, 1),
+                                        (pad, pad), (dil, dil)) is None
+        return
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, wd, generator=g)
+    w = torch.randn(f, c, 3, 3, generator=g)
+    b = torch.randn(f, generator=g) if bias else None
+    r = torch.randn(n, f, ho, wo, generator=g)
+    conv = winograd.winograd_conv2d(w, (n, c, h, wd), (1, 1), (pad, pad), (dil, dil), b,
+                                    activation=act, residual=residual)
+    assert conv is not None
+    want = torch.from_numpy(_interpreted(x, w, pad, dil))
+    if b is not None:
+        want = want + b.reshape(1, -1, 1, 1)
+    if residual:
+        want = want + r
+    want = onednn.POST_OPS[act](want)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    with torch.inference_mode():
+        args = (x.contiguous(memory_format=fmt),) + ((r,) if residual else ())
+        got = conv(*args)
+        again = conv(*args)   # the workspace is reused
+    assert got.shape == want.shape
+    scale = float(want.abs().max()) + 1e-6
+    assert float((got - want).abs().max()) <= 1e-4 * scale
+    assert torch.equal(got, again)
+
+
+@needs_onednn
+def test_winograd_keeps_nan_within_the_tiles_that_read_it() -> None:
+    torch.manual_seed(1)
+    w = torch.randn(6, 5, 3, 3)
+    conv = winograd.winograd_conv2d(w, (1, 5, 10, 10), (1, 1), (1, 1), (1, 1))
+    assert conv is not None
+    x = torch.randn(1, 5, 10, 10)
+    x[0, 2, 4, 4] = float("nan")
+    with torch.inference_mode():
+        got, want = conv(x), F.conv2d(x, w, padding=1)
+    nan = torch.isnan(want)
+    assert nan.any() and bool(torch.isnan(got)[nan].all())
+    # outputs 3..5 read input 4; a transform spreads NaN through its 4x4 output tile (tiles
+    # 0 and 1 of each axis), never into another tile
+    tiles = F.pad(torch.isnan(got), (0, 2, 0, 2)).reshape(1, 6, 3, 4, 3, 4).any(5).any(3)
+    assert not tiles[:, :, 2, :].any() and not tiles[:, :, :, 2].any()
+
+
+@needs_onednn
+def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatch) -> None:
+    torch.manual_seed(2)
+    w, b = torch.randn(16, 16, 3, 3), torch.randn(16)
+    onednn._CHOICES.clear()
+    built: list[str] = []
+    real = winograd.winograd_conv2d
+
+    def spy(*args, **kwargs):
+        built.append("winograd")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(winograd, "winograd_conv2d", spy)
+    prefer = f"{onednn.WINOGRAD}{onednn.ANY_OF}torch"
+    conv = onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
+                            activation="relu", prefer=prefer)
+    assert built == ["winograd"]
+    key = next(k for k in onednn._CHOICES if k[-1] == prefer)
+    assert onednn._CHOICES[key] in (onednn.WINOGRAD, "torch")
+    x = torch.randn(2, 16, 12, 12)
+    with torch.inference_mode():
+        torch.testing.assert_close(conv(x), F.relu(F.conv2d(x, w, b, padding=1)),
+                                   rtol=1e-4, atol=1e-4)
+    # a strided convolution has no Winograd form: not built
+    built.clear()
+    onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (2, 2), (1, 1), (1, 1))
+    assert built == []
