@@ -24,13 +24,14 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
-RUNTIME_VERSION = 14
+RUNTIME_VERSION = 15
 """Bumped whenever kernels or the executor change in a way that changes measured times (it is
 part of every key, so measurements and decisions of an older runtime are not reused). 12:
 program-level comparisons settle before a spinning variant's samples (decisions timed before
 kept oneDNN over a faster ONNX Runtime region on InfoGAN b1). 13: softmax and convolutions
 write into reused buffers (large outputs no longer page-faulted in on every call). 14: the
-wide G2BMM / GBMM path works in cache-sized batch chunks."""
+wide G2BMM / GBMM path works in cache-sized batch chunks. 15: Winograd convolutions (a new
+per-operator candidate and program-level choice)."""
 
 
 def device_key(device: str) -> str:
