@@ -36,8 +36,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
-from ollie.runtime import ort_region
-from ollie.runtime import winograd
+from ollie.runtime import ort_region, winograd
 from ollie.runtime.onednn import ANY_OF, CONV_OPS, WINOGRAD
 
 log = logging.getLogger(__name__)
