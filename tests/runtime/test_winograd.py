@@ -1,7 +1,8 @@
 """Winograd convolutions: the Cook-Toom matrices compute 1-D correlations exactly; the
-F(4x4, 3x3) convolution (generated transforms + oneDNN products) agrees with the reference
-interpreter and ``F.conv2d`` on random inputs (padding, dilation, bias, residual,
-activations, both memory formats); ``best_conv`` and programs can choose it."""
+F(4x4, 3x3) convolution (generated transforms + oneDNN products) and the transposed
+convolution as its output phases agree with the reference interpreter on random inputs
+(padding, dilation, output padding, bias, residual, activations, both memory formats);
+``best_conv`` can choose them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ollie
+from ollie.lower import lower
 from ollie.runtime import onednn, winograd
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="no oneDNN in this torch")
@@ -136,3 +138,57 @@ def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatc
     built.clear()
     onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (2, 2), (1, 1), (1, 1))
     assert built == []
+
+
+def _interpreted_transposed(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,
+                            opad: int) -> np.ndarray:
+    low = lower("ConvTranspose2d", [("X", tuple(x.shape)), ("W", tuple(w.shape))],
+                stride=stride, padding=pad, output_padding=opad)
+    return np.asarray(ollie.interpret(low.expr, {"X": x.numpy(), "W": w.numpy(),
+                                                 **low.consts}))
+
+
+@needs_onednn
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 2), c=st.integers(1, 7), f=st.integers(1, 7),
+       h=st.integers(1, 7), wd=st.integers(1, 7), k=st.integers(2, 6), stride=st.integers(2, 3),
+       pad=st.integers(0, 3), opad=st.integers(0, 2), bias=st.booleans(),
+       act=st.sampled_from([None, "relu", "tanh"]), seed=st.integers(0, 2**16))
+def test_winograd_transposed_conv_matches_the_interpreter(n, c, f, h, wd, k, stride, pad,
+                                                          opad, bias, act, seed) -> None:
+    shape = (n, c, h, wd)
+    applies = winograd.applies_transposed((c, f, k, k), (stride, stride), (pad, pad), (1, 1),
+                                          1)
+    hout, wout = (h - 1) * stride - 2 * pad + k + opad, (wd - 1) * stride - 2 * pad + k + opad
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(shape, generator=g), torch.randn(c, f, k, k, generator=g)
+    b = torch.randn(f, generator=g) if bias else None
+    conv = None
+    if opad < stride and pad < k:
+        conv = winograd.winograd_conv_transpose2d(w, shape, (stride, stride), (pad, pad),
+                                                  (opad, opad), (1, 1), b, activation=act)
+    if not (applies and opad < stride and pad < k and hout > 0 and wout > 0
+            and hout % stride == 0 and wout % stride == 0):
+        assert conv is None
+        return
+    assert conv is not None
+    want = torch.from_numpy(_interpreted_transposed(x, w, stride, pad, opad))
+    if b is not None:
+        want = want + b.reshape(1, -1, 1, 1)
+    want = onednn.POST_OPS[act](want)
+    with torch.inference_mode():
+        got = conv(x)
+    assert got.shape == want.shape
+    scale = float(want.abs().max()) + 1e-6
+    assert float((got - want).abs().max()) <= 1e-4 * scale
+
+
+def test_gan_layers_are_three_by_three_phase_convolutions() -> None:
+    # DCGAN / InfoGAN: 4x4 kernels, stride 2, padding 1: 4 phases, each a 3x3 window with
+    # the 2x2 taps it reads
+    assert winograd.applies_transposed((8, 4, 4, 4), (2, 2), (1, 1), (1, 1), 1)
+    assert not winograd.applies_transposed((8, 4, 4, 4), (1, 1), (0, 0), (1, 1), 1)
+    wt = torch.randn(8, 4, 4, 4)
+    phases, left = winograd.transposed_as_phases(wt, 2, 1)
+    assert phases.shape == (16, 8, 3, 3) and left == 1
+    assert int((phases != 0).sum()) == 4 * 4 * 8 * 4   # 4 taps per phase and channel pair

@@ -87,18 +87,24 @@ def is_library_conv(k: Kernel) -> bool:
 def winograd_applies(k: Kernel, prog: Program) -> bool:
     """Whether library convolution ``k`` of ``prog`` has a Winograd form
     (:func:`ollie.runtime.winograd.applies`)."""
-    from ollie.graph.execute import _pair
+    from ollie.graph.execute import _pad4, _pair
 
     if k.kind == "Conv":
         p = k.params
         shape = (0, 0, int(p["r"]), int(p["s"]))
         return winograd.applies(shape, (int(p["sh"]), int(p["sw"])), int(p.get("groups", 1)))
-    if k.kind != "Node" or k.params.get("op") != "Conv2d" or len(k.inputs) < 2 or \
+    op = k.params.get("op")
+    if k.kind != "Node" or op not in CONV_OPS or len(k.inputs) < 2 or \
             k.inputs[1] not in prog.constants:
         return False
     attrs = dict(k.params["node"].attrs)  # type: ignore[attr-defined]
-    return winograd.applies(tuple(prog.constants[k.inputs[1]].shape),
-                            _pair(attrs.get("stride", 1)), int(attrs.get("groups", 1)))
+    shape = tuple(prog.constants[k.inputs[1]].shape)
+    stride, groups = _pair(attrs.get("stride", 1)), int(attrs.get("groups", 1))
+    if op == "Conv2d":
+        return winograd.applies(shape, stride, groups)
+    top, left, bottom, right = _pad4(attrs.get("padding", 0))
+    return (top, left) == (bottom, right) and winograd.applies_transposed(
+        shape, stride, (top, left), _pair(attrs.get("dilation", 1)), groups)
 
 
 def with_library(prog: Program, library: str) -> Program:

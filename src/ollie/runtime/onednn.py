@@ -347,7 +347,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               prefer: str | None = None) -> Conv:
     """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
     with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
-    weight packed, plain torch and ONNX Runtime, measured once per configuration
+    weight packed, plain torch, ONNX Runtime and, where one applies, a Winograd convolution
+    (:mod:`ollie.runtime.winograd`), measured once per configuration
     (:func:`fastest_of`) on inputs in the memory format they will have (``channels_last``:
     the output of a packed oneDNN convolution is; an implementation that needs NCHW pays for
     the conversion in its time). ``prefer`` names an implementation to use without
@@ -380,6 +381,11 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     if op == "Conv2d" and winograd.applies(tuple(weight.shape), stride, groups):
         builders[WINOGRAD] = lambda: winograd.winograd_conv2d(
             weight, input_shape, stride, padding, dilation, bias, groups, activation, residual)
+    elif op == "ConvTranspose2d" and winograd.applies_transposed(
+            tuple(weight.shape), stride, padding, dilation, groups):
+        builders[WINOGRAD] = lambda: winograd.winograd_conv_transpose2d(
+            weight, input_shape, stride, padding, output_padding, dilation, bias, groups,
+            activation, residual)
     return fastest_of(builders, input_shape, key,
                       lambda: probes(input_shape, plain, residual, channels_last), prefer)
 

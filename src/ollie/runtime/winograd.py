@@ -20,8 +20,10 @@ A dilated convolution (dilation ``d``) is the same on the lattice of positions c
 modulo ``d``: a tile holds outputs ``o + d*i`` and reads inputs ``o - pad + d*j``, so it needs
 no re-laid-out copy of the input.
 
-The transforms are generated numba kernels (the matrices' non-zero coefficients written out,
-so the inner loop over channels vectorises), stored in the kernel cache
+The transforms are generated numba kernels: per tile, one loop over channels per transformed
+element, with the matrices' non-zero coefficients written out (a loop reads a few streams and
+writes one, so LLVM vectorises it; one loop computing all 36 elements needs more runtime
+alias checks than LLVM allows and stays scalar, 10x slower), stored in the kernel cache
 (:mod:`ollie.codegen.cache`); the products are one call of oneDNN's grouped 1x1 convolution
 with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is a
 channels-last ``[1, n*n*C, tiles, 1]`` image, ``n*n`` groups). On the 2-core VM
@@ -32,12 +34,12 @@ after it. The output is channels-last (the transforms' natural layout: channels 
 
 Numerics. The products sum ``C`` terms in float32 like a direct convolution; the transforms
 add and scale by the matrices' entries (for ``F(4, 3)``: integers up to 8 and ``1/24``), which
-amplifies rounding by a small constant factor: relative errors ~1e-6 for ``F(2, 3)``, ~1e-5
-for ``F(4, 3)`` on random data, checked against ``F.conv2d`` when the convolution is built
-(:func:`ollie.runtime.onednn._checked`), like every library convolution.
+amplifies rounding by a small constant factor: errors up to ~2e-5 of the largest output
+magnitude on random data (ResNet-18 and CSRNet layers), checked against ``F.conv2d`` when the
+convolution is built (:func:`ollie.runtime.onednn._checked`), like every library convolution.
 
 :func:`winograd_conv2d` returns the convolution, or ``None`` where it does not apply (stride,
-groups, a non-square or 1x1 kernel, no oneDNN matmul).
+groups, a kernel size without a tile in :data:`TILE`, no oneDNN in this torch).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ TILE = {3: 4}
 powers grow fast (worse rounding). ``F(2x2, 5x5)`` (also ``n = 6``) measured 2-4x slower than
 oneDNN on SRCNN's 5x5 layers (few output channels: small products, large transforms)."""
 
-KERNEL_VERSION = 5
+KERNEL_VERSION = 6
+"""Part of the generated modules' names: bumped when the generated code changes."""
 
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
@@ -70,8 +73,6 @@ core; 2026-11-24), with 4/8/16/32 MiB blocks against one pass: ResNet-18's [16, 
 layer (58 MB of both) took 7.1/6.4/7.7/8.6 ms against 12.3; its [16, 128, 28, 28] layer
 (29 MB) 4.9/4.4/4.5/4.2 against 4.1, and CSRNet's [16, 512, 14, 14] (38 MB) 18.9/17.2/15.2/14.1
 against 12.5 (a product call per block does less per call, at a lower rate)."""
-"""Part of the generated modules' names: bumped when the generated code changes."""
-
 
 
 def _points(count: int) -> list[Fraction]:
@@ -217,36 +218,41 @@ def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
 
 
 @njit(fastmath=False, cache=True)
-def _tile_output(M, Y, bias, res, mode, h, acc, t, b, y0, x0, dil):
-    Ho, Wo, C = Y.shape[1], Y.shape[2], Y.shape[3]
+def _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, t, b, y0, x0, dil):
+    C = M.shape[2]
+    K = Y.shape[3]
 {_indent(t_out, 1)}    for i in range(M_):
         yy = y0 + dil * i
-        if yy >= Ho:
+        if yy >= ho:
             break
         for j in range(M_):
             xx = x0 + dil * j
-            if xx >= Wo:
+            if xx >= wo:
                 break
             a = i * M_ + j
-            if mode == 0:
-                for c in range(C):
-                    Y[b, yy, xx, c] = acc[a, c] + bias[c]
-            elif mode == 1:
-                for c in range(C):
-                    v = acc[a, c] + bias[c]
-                    Y[b, yy, xx, c] = v if v > 0 else np.float32(0.0)
-            elif mode == 2:
-                for c in range(C):
-                    Y[b, yy, xx, c] = acc[a, c] + bias[c] + res[b, c, yy, xx]
-            else:
-                for c in range(C):
-                    v = acc[a, c] + bias[c] + res[b, c, yy, xx]
-                    Y[b, yy, xx, c] = v if v > 0 else np.float32(0.0)
+            for ph in range(s * s):
+                oy = s * yy + ph // s
+                ox = s * xx + ph % s
+                o = ph * K
+                if mode == 0:
+                    for c in range(K):
+                        Y[b, oy, ox, c] = acc[a, o + c] + bias[o + c]
+                elif mode == 1:
+                    for c in range(K):
+                        v = acc[a, o + c] + bias[o + c]
+                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
+                elif mode == 2:
+                    for c in range(K):
+                        Y[b, oy, ox, c] = acc[a, o + c] + bias[o + c] + res[b, c, oy, ox]
+                else:
+                    for c in range(K):
+                        v = acc[a, o + c] + bias[o + c] + res[b, c, oy, ox]
+                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def transform_output(M, Y, bias, res, mode, t0, count, dil, th, tw, chunk):
-    C = Y.shape[3]
+def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, chunk):
+    C = M.shape[2]
     per = th * tw
     for q in prange((count + chunk - 1) // chunk):
         h = np.empty(({m * n}, C), np.float32)
@@ -259,7 +265,7 @@ def transform_output(M, Y, bias, res, mode, t0, count, dil, th, tw, chunk):
             tx = rr - ty * tw
             y0 = ty % dil + (ty // dil) * dil * M_
             x0 = tx % dil + (tx // dil) * dil * M_
-            _tile_output(M, Y, bias, res, mode, h, acc, tl, b, y0, x0, dil)
+            _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, tl, b, y0, x0, dil)
 '''
 
 
@@ -316,18 +322,115 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     where it does not apply or does not agree with ``F.conv2d`` on a random input."""
     if not (onednn._usable(weight) and applies(tuple(weight.shape), stride, groups)
             and len(input_shape) == 4 and activation in onednn.POST_OPS
-            and dilation[0] == dilation[1]):
+            and dilation[0] == dilation[1] and input_shape[1] == weight.shape[1]):
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().float().contiguous()
+    r, dil = w.shape[-1], int(dilation[0])
+    ho = input_shape[2] + 2 * padding[0] - dil * (r - 1)
+    wo = input_shape[3] + 2 * padding[1] - dil * (r - 1)
+    conv = _build(w, b, input_shape, tuple(padding), (ho, wo), dil, 1, activation, residual)
+    ref = onednn._post(activation, residual, lambda x: F.conv2d(
+        x, w, b, 1, tuple(padding), (dil, dil)))
+    return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
+
+
+def _phase_taps(k: int, s: int, p: int) -> list[list[tuple[int, int]]]:
+    """Per output phase ``a`` of a transposed convolution (kernel ``k``, stride ``s``, padding
+    ``p``; output ``s*u + a`` reads input ``u + d`` through tap ``k_ = a + p - s*d``): the
+    ``(d, k_)`` pairs."""
+    return [[((a + p - t) // s, t) for t in range(k) if (a + p - t) % s == 0]
+            for a in range(s)]
+
+
+def applies_transposed(weight_shape: tuple[int, ...], stride: tuple[int, int],
+                       padding: tuple[int, int], dilation: tuple[int, int],
+                       groups: int) -> bool:
+    """Whether a transposed convolution with these parameters has a Winograd form here
+    (:func:`winograd_conv_transpose2d`; the output size is checked when it is built)."""
+    if not (len(weight_shape) == 4 and weight_shape[2] == weight_shape[3]
+            and stride[0] == stride[1] > 1 and padding[0] == padding[1]
+            and tuple(dilation) == (1, 1) and groups == 1):
+        return False
+    taps = _phase_taps(weight_shape[2], stride[0], padding[0])
+    if any(not t for t in taps):
+        return False
+    ds = [d for t in taps for d, _ in t]
+    return max(ds) - min(ds) + 1 in TILE
+
+
+def transposed_as_phases(weight: torch.Tensor, stride: int, padding: int
+                         ) -> tuple[torch.Tensor, int] | None:
+    """A stride-``s`` transposed convolution (weight ``[C, K, k, k]``) as one stride-1
+    convolution with ``s*s*K`` output channels, one group of ``K`` per output phase
+    ``(a, b)`` (output ``(s*u + a, s*v + b)`` is channel ``(a*s + b)*K + o`` at ``(u, v)``):
+    ``(weight [s*s*K, C, r, r], left padding)``, the window ``r`` spanning every phase's
+    input offsets (taps a phase does not read are zero). None when a phase reads nothing."""
+    c, kk, k = weight.shape[0], weight.shape[1], weight.shape[2]
+    taps = _phase_taps(k, stride, padding)
+    if any(not t for t in taps):
+        return None
+    lo = min(d for t in taps for d, _ in t)
+    r = max(d for t in taps for d, _ in t) - lo + 1
+    out = torch.zeros(stride, stride, kk, c, r, r, dtype=weight.dtype)
+    wt = weight.permute(1, 0, 2, 3)  # [K, C, k, k]
+    for a, ta in enumerate(taps):
+        for bb, tb in enumerate(taps):
+            for dy, ky in ta:
+                for dx, kx in tb:
+                    out[a, bb, :, :, dy - lo, dx - lo] = wt[:, :, ky, kx]
+    return out.reshape(stride * stride * kk, c, r, r), -lo
+
+
+def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
+                              stride: tuple[int, int], padding: tuple[int, int],
+                              output_padding: tuple[int, int], dilation: tuple[int, int],
+                              bias: torch.Tensor | None = None, groups: int = 1,
+                              activation: str | None = None, residual: bool = False
+                              ) -> onednn.Conv | None:
+    """``x -> f(conv_transpose2d(x, weight, bias, stride, padding, output_padding))`` by the
+    output phases as one Winograd convolution (:func:`transposed_as_phases`; InfoGAN's and
+    DCGAN's 4x4 stride-2 layers: a 3x3 window, 4 phases): the output transform writes each
+    phase's elements to their interleaved positions. ``None`` where that does not apply
+    (square stride and kernel, no dilation or groups, every phase the same size) or does not
+    agree with ``F.conv_transpose2d`` on a random input."""
+    s = int(stride[0])
+    if not (onednn._usable(weight) and len(input_shape) == 4
+            and applies_transposed(tuple(weight.shape), stride, padding, dilation, groups)
+            and activation in onednn.POST_OPS and input_shape[1] == weight.shape[0]):
+        return None
+    k, p = weight.shape[2], int(padding[0])
+    hout = (input_shape[2] - 1) * s - 2 * p + k + output_padding[0]
+    wout = (input_shape[3] - 1) * s - 2 * p + k + output_padding[1]
+    if hout % s or wout % s:
+        return None
+    w = weight.detach().contiguous()
+    b = None if bias is None else bias.detach().float().contiguous()
+    phases = transposed_as_phases(w, s, p)
+    if phases is None:
+        return None
+    wp, lo = phases
+    bp = None if b is None else b.repeat(s * s)
+    conv = _build(wp, bp, input_shape, (lo, lo), (hout // s, wout // s), 1, s, activation,
+                  residual)
+    ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
+        x, w, b, s, p, tuple(output_padding)))
+    return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
+
+
+def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...],
+           padding: tuple[int, int], out_size: tuple[int, int], dil: int, s: int,
+           activation: str | None, residual: bool) -> onednn.Conv | None:
+    """The Winograd convolution of ``w`` (``[s*s*K, C, r, r]``) over inputs of
+    ``input_shape``, ``padding`` on the top and left, ``out_size`` outputs per phase; phase
+    ``ph`` (channels ``ph*K`` on) goes to output ``(s*u + ph // s, s*v + ph % s)``."""
     r = w.shape[-1]
     m = TILE[r]
-    nb, c, h, wd = input_shape
-    k = w.shape[0]
-    dil = int(dilation[0])
-    ho = h + 2 * padding[0] - dil * (r - 1)
-    wo = wd + 2 * padding[1] - dil * (r - 1)
-    if ho <= 0 or wo <= 0 or c != w.shape[1]:
+    nb, c = input_shape[0], input_shape[1]
+    kp = w.shape[0]
+    k = kp // (s * s)
+    ho, wo = out_size
+    if ho <= 0 or wo <= 0:
         return None
     th, tw = _tiles(ho, m, dil), _tiles(wo, m, dil)
     tiles = nb * th * tw
@@ -342,17 +445,17 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     nn = len(us)
     # tiles in blocks of at most ``block`` (V and M of a block stay in the caches); the nn
     # products of a block as one grouped 1x1 convolution: V [block, nn, C] is a channels-last
-    # [1, nn*C, block, 1] image, its output [1, nn*K, block, 1] is M [block, nn, K]
-    per_tile = 4 * nn * (c + k)
+    # [1, nn*C, block, 1] image, its output [1, nn*K', block, 1] is M [block, nn, K']
+    per_tile = 4 * nn * (c + kp)
     block = tiles if tiles * per_tile <= WHOLE_BYTES else max(1, BLOCK_BYTES // per_tile)
     sizes = sorted({block, tiles % block} - {0})
-    products = {s: onednn.packed_conv2d(torch.cat(us).reshape(nn * k, c, 1, 1),
-                                        (1, nn * c, s, 1), (1, 1), (0, 0), (1, 1), None, nn)
-                for s in sizes}
+    products = {n: onednn.packed_conv2d(torch.cat(us).reshape(nn * kp, c, 1, 1),
+                                        (1, nn * c, n, 1), (1, 1), (0, 0), (1, 1), None, nn)
+                for n in sizes}
     if any(p is None for p in products.values()):
         return None
     no_res = np.zeros((1, 1, 1, 1), np.float32)
-    bias_np = (torch.zeros(k) if b is None else b).numpy()
+    bias_np = (torch.zeros(kp) if b is None else b).numpy()
     mode = int(relu) + 2 * int(residual)
     local = threading.local()
 
@@ -366,7 +469,7 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
         v = workspace()
         xn = x.detach().numpy() if x.is_contiguous() or onednn.is_channels_last(x) \
             else x.detach().contiguous().numpy()
-        y = torch.empty(nb, ho, wo, k)
+        y = torch.empty(nb, s * ho, s * wo, k)
         yn = y.numpy()
         rn = no_res if res is None else res.detach().numpy()
         for t0 in range(0, tiles, block):
@@ -376,9 +479,9 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
             mod.transform_input(xn, vb.numpy(), t0, count, padding[0], padding[1], dil, th, tw,
                                 chunk)
             out = products[count](vb.reshape(1, count, 1, nn * c).permute(0, 3, 1, 2))
-            ms = out.permute(0, 2, 3, 1).reshape(count, nn, k)
-            mod.transform_output(ms.numpy(), yn, bias_np, rn, mode, t0, count, dil, th, tw,
-                                 chunk)
+            ms = out.permute(0, 2, 3, 1).reshape(count, nn, kp)
+            mod.transform_output(ms.numpy(), yn, bias_np, rn, mode, s, ho, wo, t0, count, dil,
+                                 th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
 
     if residual:
@@ -387,10 +490,8 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     else:
         def conv(x: torch.Tensor) -> torch.Tensor:
             return run(x)
-
-    ref = onednn._post(activation, residual, lambda x: F.conv2d(
-        x, w, b, 1, tuple(padding), (dil, dil)))
-    return onednn._checked(conv, ref, tuple(input_shape), residual)
+    return conv
 
 
-__all__ = ["TILE", "applies", "matrices", "winograd_conv2d"]
+__all__ = ["TILE", "applies", "applies_transposed", "matrices", "transposed_as_phases",
+           "winograd_conv2d", "winograd_conv_transpose2d"]
