@@ -1,5 +1,5 @@
 """Winograd convolutions: the Cook-Toom matrices compute 1-D correlations exactly; the
-F(4x4, 3x3) convolution (generated transforms + oneDNN products) and the transposed
+F(4x4, 3x3) and F(4x4, 5x5) convolutions (generated transforms + oneDNN products) and the transposed
 convolution as its output phases agree with the reference interpreter on random inputs
 (padding, dilation, output padding, bias, residual, activations, both memory formats);
 ``best_conv`` can choose them."""
@@ -40,37 +40,38 @@ def test_applies_only_to_stride_one_ungrouped_square_kernels() -> None:
     assert not winograd.applies((8, 4, 3, 3), (2, 2), 1)
     assert not winograd.applies((8, 2, 3, 3), (1, 1), 2)
     assert not winograd.applies((8, 4, 1, 1), (1, 1), 1)
+    assert winograd.applies((8, 4, 5, 5), (1, 1), 1)
     assert not winograd.applies((8, 4, 3, 1), (1, 1), 1)
 
 
 def _interpreted(x: torch.Tensor, w: torch.Tensor, pad: int, dil: int) -> np.ndarray:
     n, c, h, wd = x.shape
-    f = w.shape[0]
-    ho, wo = h + 2 * pad - 2 * dil, wd + 2 * pad - 2 * dil
+    f, k = w.shape[0], w.shape[-1]
+    ho, wo = h + 2 * pad - (k - 1) * dil, wd + 2 * pad - (k - 1) * dil
     expr = ollie.parse(
         f"A: {list(x.shape)}\nK: {list(w.shape)}\n"
-        f"L<n=0:{n}, f=0:{f}, h=0:{ho}, w=0:{wo}> Sum<c=0:{c}, r=0:3, s=0:3> "
+        f"L<n=0:{n}, f=0:{f}, h=0:{ho}, w=0:{wo}> Sum<c=0:{c}, r=0:{k}, s=0:{k}> "
         f"A[n, c, h + {dil}*r - {pad}, w + {dil}*s - {pad}] * K[f, c, r, s]")
     return ollie.interpret(expr, {"A": x.numpy(), "K": w.numpy()})
 
 
 @needs_onednn
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 2), c=st.integers(1, 9), f=st.integers(1, 9),
-       h=st.integers(1, 13), wd=st.integers(1, 13), pad=st.integers(0, 2),
+       h=st.integers(1, 13), wd=st.integers(1, 13), pad=st.integers(0, 4),
        dil=st.integers(1, 3), bias=st.booleans(), residual=st.booleans(),
        act=st.sampled_from([None, "relu", "tanh"]), cl=st.booleans(),
-       seed=st.integers(0, 2**16))
+       k=st.sampled_from(sorted(winograd.TILE)), seed=st.integers(0, 2**16))
 def test_winograd_conv_matches_the_interpreter(n, c, f, h, wd, pad, dil, bias, residual, act,
-                                               cl, seed) -> None:
-    ho, wo = h + 2 * pad - 2 * dil, wd + 2 * pad - 2 * dil
+                                               cl, k, seed) -> None:
+    ho, wo = h + 2 * pad - (k - 1) * dil, wd + 2 * pad - (k - 1) * dil
     if ho <= 0 or wo <= 0:
-        assert winograd.winograd_conv2d(torch.randn(f, c, 3, 3), (n, c, h, wd), (1, 1),
+        assert winograd.winograd_conv2d(torch.randn(f, c, k, k), (n, c, h, wd), (1, 1),
                                         (pad, pad), (dil, dil)) is None
         return
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, wd, generator=g)
-    w = torch.randn(f, c, 3, 3, generator=g)
+    w = torch.randn(f, c, k, k, generator=g)
     b = torch.randn(f, generator=g) if bias else None
     r = torch.randn(n, f, ho, wo, generator=g)
     conv = winograd.winograd_conv2d(w, (n, c, h, wd), (1, 1), (pad, pad), (dil, dil), b,

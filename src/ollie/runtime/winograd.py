@@ -1,10 +1,10 @@
 """Winograd convolutions ``F(m x m, r x r)`` on the CPU: fewer multiplications for stride-1
 convolutions with small square kernels.
 
-A stride-1 convolution computes ``m x m`` outputs of a tile from an ``n x n`` input patch,
-``n = m + r - 1``. With the Cook-Toom matrices ``A^T`` (``m x n``), ``G`` (``n x r``) and
-``B^T`` (``n x n``) built from ``n - 1`` interpolation points and infinity
-(:func:`matrices`), one output tile is
+A stride-1 convolution (3x3 or 5x5 kernels, :data:`TILE`) computes ``m x m`` outputs of a
+tile from an ``n x n`` input patch, ``n = m + r - 1``. With the Cook-Toom matrices ``A^T``
+(``m x n``), ``G`` (``n x r``) and ``B^T`` (``n x n``) built from ``n - 1`` interpolation
+points and infinity (:func:`matrices`), one output tile is
 
     Y = A^T [ sum_c (G g_{k,c} G^T) .* (B^T d_c B) ] A
 
@@ -56,10 +56,14 @@ from ollie.runtime import onednn
 
 log = logging.getLogger(__name__)
 
-TILE = {3: 4}
-"""Output tile ``m`` per kernel size ``r``: ``F(4x4, 3x3)``. Larger tiles need points whose
-powers grow fast (worse rounding). ``F(2x2, 5x5)`` (also ``n = 6``) measured 2-4x slower than
-oneDNN on SRCNN's 5x5 layers (few output channels: small products, large transforms)."""
+TILE = {3: 4, 5: 4}
+"""Output tile ``m`` per kernel size ``r``: ``F(4x4, 3x3)`` (``n = 6``: 4x fewer
+multiplications) and ``F(4x4, 5x5)`` (``n = 8``: 6.25x fewer; points up to +-2 and +-1/2,
+errors up to ~1e-5 of the largest output on SRCNN's layers). ``F(2x2, 5x5)`` measured 2-4x
+slower than oneDNN on SRCNN's 5x5 layers: its transformed input is 9x the input.
+``F(4x4, 5x5)`` on SRCNN's [16, 64, 224, 224] 64 -> 32 layer, channels-last input:
+134.7 against 169.8 ms (2026-11-24); most of it is the input transform (64 short loops of 64
+channels per tile). Larger tiles need points whose powers grow fast (worse rounding)."""
 
 KERNEL_VERSION = 6
 """Part of the generated modules' names: bumped when the generated code changes."""
@@ -269,6 +273,12 @@ def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, c
 '''
 
 
+CHANNELS_LAST_PLANE = 1 << 14
+"""An NCHW input whose planes hold this many elements or more is copied to channels-last
+first: the input transform reads a patch's channels one plane apart, and across planes of
+64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
+NCHW against 135 ms from channels-last; at [16, 128, 28, 28] the two are within 3%)."""
+
 _MODULES: dict[str, object] = {}
 
 
@@ -457,6 +467,7 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
     no_res = np.zeros((1, 1, 1, 1), np.float32)
     bias_np = (torch.zeros(kp) if b is None else b).numpy()
     mode = int(relu) + 2 * int(residual)
+    big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
     local = threading.local()
 
     def workspace() -> torch.Tensor:
@@ -467,8 +478,10 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
 
     def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
         v = workspace()
-        xn = x.detach().numpy() if x.is_contiguous() or onednn.is_channels_last(x) \
-            else x.detach().contiguous().numpy()
+        x = x.detach()
+        if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
+            x = x.contiguous(memory_format=torch.channels_last)
+        xn = x.numpy()
         y = torch.empty(nb, s * ho, s * wo, k)
         yn = y.numpy()
         rn = no_res if res is None else res.detach().numpy()
