@@ -250,3 +250,24 @@ def test_report_of_kept_originals_records_the_rewrites_not_kept():
     assert text.count("not kept") == 1
     # saved and loaded with the report
     assert SubprogramReport(**kept[0].to_json()) == kept[0]
+
+
+@needs_onednn
+def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only():
+    from ollie.optimizer.libraries import ONEDNN_WINOGRAD, variant, winograd_applies
+
+    m, x, prog, _, _ = _original_program()   # a 3x3 Conv2d and a 4x4 stride-2 ConvTranspose2d
+    convs = [k for k in prog.kernels if is_library_conv(k)]
+    assert [winograd_applies(k, prog) for k in convs] == [True, True]
+    v = variant(prog, ONEDNN_WINOGRAD)
+    assert v is not None and all(k.params["library"] == ONEDNN_WINOGRAD
+                                 for k in v.kernels if is_library_conv(k))
+    with torch.inference_mode():
+        want = m(x)
+    torch.testing.assert_close(CompiledProgram(v)(x), want, rtol=1e-3, atol=1e-4)
+    # 1x1 and strided convolutions have no Winograd form: the variant is not offered
+    torch.manual_seed(6)
+    plain = nn.Sequential(nn.Conv2d(4, 8, 1), nn.ReLU(), nn.Conv2d(8, 3, 3, stride=2)).eval()
+    prog2, _, _ = original_program(plain, x)
+    assert not any(winograd_applies(k, prog2) for k in prog2.kernels if is_library_conv(k))
+    assert variant(prog2, ONEDNN_WINOGRAD) is None

@@ -271,7 +271,8 @@ ANY_OF = " or "
 """Joins implementation names in a ``prefer`` (:func:`fastest_of`): the fastest of them."""
 
 WINOGRAD = "Winograd"
-"""The name of :func:`ollie.runtime.winograd.winograd_conv2d` among the implementations."""
+"""The name of the Winograd convolutions (:func:`ollie.runtime.winograd.winograd_conv2d`,
+:func:`~ollie.runtime.winograd.winograd_conv_transpose2d`) among the implementations."""
 
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
