@@ -65,7 +65,7 @@ slower than oneDNN on SRCNN's 5x5 layers: its transformed input is 9x the input.
 134.7 against 169.8 ms (2026-11-24); most of it is the input transform (64 short loops of 64
 channels per tile). Larger tiles need points whose powers grow fast (worse rounding)."""
 
-KERNEL_VERSION = 6
+KERNEL_VERSION = 7
 """Part of the generated modules' names: bumped when the generated code changes."""
 
 WHOLE_BYTES = 48 << 20
@@ -188,6 +188,17 @@ M_ = {m}
 
 
 @njit(fastmath=False, cache=True)
+def _origin(t, per, tw, dil):
+    """Tile ``t``: its batch entry and first output row and column (tiles of one residue
+    class modulo ``dil`` hold outputs ``dil`` apart)."""
+    b = t // per
+    rr = t - b * per
+    ty = rr // tw
+    tx = rr - ty * tw
+    return b, ty % dil + (ty // dil) * dil * M_, tx % dil + (tx // dil) * dil * M_
+
+
+@njit(fastmath=False, cache=True)
 def _tile_input(x, V, patch, h, t, b, y0, x0, dil):
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     for i in range(N_):
@@ -211,14 +222,8 @@ def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
         patch = np.empty(({nn}, C), np.float32)
         h = np.empty(({nn}, C), np.float32)
         for tl in range(q * chunk, min(count, (q + 1) * chunk)):
-            t = t0 + tl
-            b = t // per
-            rr = t - b * per
-            ty = rr // tw
-            tx = rr - ty * tw
-            y0 = ty % dil + (ty // dil) * dil * M_ - pad_t
-            x0 = tx % dil + (tx // dil) * dil * M_ - pad_l
-            _tile_input(x, V, patch, h, tl, b, y0, x0, dil)
+            b, y0, x0 = _origin(t0 + tl, per, tw, dil)
+            _tile_input(x, V, patch, h, tl, b, y0 - pad_t, x0 - pad_l, dil)
 
 
 @njit(fastmath=False, cache=True)
@@ -262,13 +267,7 @@ def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, c
         h = np.empty(({m * n}, C), np.float32)
         acc = np.empty(({m * m}, C), np.float32)
         for tl in range(q * chunk, min(count, (q + 1) * chunk)):
-            t = t0 + tl
-            b = t // per
-            rr = t - b * per
-            ty = rr // tw
-            tx = rr - ty * tw
-            y0 = ty % dil + (ty // dil) * dil * M_
-            x0 = tx % dil + (tx // dil) * dil * M_
+            b, y0, x0 = _origin(t0 + tl, per, tw, dil)
             _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, tl, b, y0, x0, dil)
 '''
 
