@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from fractions import Fraction
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ollie.runtime import onednn
+from ollie.runtime.winograd_codegen import matrices, module
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,6 @@ slower than oneDNN on SRCNN's 5x5 layers: its transformed input is 9x the input.
 134.7 against 169.8 ms (2026-11-24); most of it is the input transform (64 short loops of 64
 channels per tile). Larger tiles need points whose powers grow fast (worse rounding)."""
 
-KERNEL_VERSION = 7
-"""Part of the generated modules' names: bumped when the generated code changes."""
-
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
 """Transformed input plus products of all tiles up to ``WHOLE_BYTES``: one pass (one product
@@ -79,223 +76,11 @@ layer (58 MB of both) took 7.1/6.4/7.7/8.6 ms against 12.3; its [16, 128, 28, 28
 against 12.5 (a product call per block does less per call, at a lower rate)."""
 
 
-def _points(count: int) -> list[Fraction]:
-    """``0, 1, -1, 2, -2, 1/2, -1/2, 3, -3, ...``: the interpolation points (small values and
-    their reciprocals keep the matrices' entries small)."""
-    pts = [Fraction(0)]
-    k = 1
-    while len(pts) < count:
-        for p in (Fraction(k), Fraction(-k), Fraction(1, k + 1), Fraction(-1, k + 1)):
-            if p not in pts:
-                pts.append(p)
-        k += 1
-    return pts[:count]
-
-
-def _poly_mul(a: list[Fraction], b: list[Fraction]) -> list[Fraction]:
-    out = [Fraction(0)] * (len(a) + len(b) - 1)
-    for i, x in enumerate(a):
-        for j, y in enumerate(b):
-            out[i + j] += x * y
-    return out
-
-
-def matrices(m: int, r: int) -> tuple[list[list[Fraction]], ...]:
-    """``(A^T, G, B^T)`` of ``F(m, r)`` (exact fractions; ``A^T`` is ``m x n``, ``G``
-    ``n x r``, ``B^T`` ``n x n``, ``n = m + r - 1``): for a 1-D correlation
-    ``y[i] = sum_k g[k] d[i + k]`` of a length-``n`` input, ``y = A^T ((G g) * (B^T d))``."""
-    n = m + r - 1
-    pts = _points(n - 1)
-    at = [[p ** i for p in pts] + [Fraction(int(i == m - 1))] for i in range(m)]
-    g = []
-    for p in pts:
-        den = Fraction(1)
-        for q in pts:
-            if q != p:
-                den *= p - q
-        g.append([p ** k / den for k in range(r)])
-    g.append([Fraction(int(k == r - 1)) for k in range(r)])
-    bt = []
-    for j in range(n - 1):
-        poly = [Fraction(1)]
-        for q in pts[:j] + pts[j + 1:]:
-            poly = _poly_mul(poly, [-q, Fraction(1)])
-        bt.append([*poly, Fraction(0)])
-    full = [Fraction(1)]
-    for q in pts:
-        full = _poly_mul(full, [-q, Fraction(1)])
-    bt.append(full)
-    return at, g, bt
-
-
-# ------------------------------------------------------------------------ code generation
-def _lincomb(coefs: list[Fraction], names: list[str]) -> str:
-    terms = []
-    for c, name in zip(coefs, names, strict=True):
-        if c == 0:
-            continue
-        if c == 1:
-            terms.append(f"+ {name}")
-        elif c == -1:
-            terms.append(f"- {name}")
-        else:
-            terms.append(f"{'+' if c > 0 else '-'} np.float32({float(abs(c))!r}) * {name}")
-    if not terms:
-        return "np.float32(0.0)"
-    text = " ".join(terms)
-    return text[2:] if text.startswith("+ ") else "-" + text[2:]
-
-
-def _loops(mat: list[list[Fraction]], rows: int, n: int, src: str, dst: str,
-           left: bool) -> list[str]:
-    """One loop over channels ``c`` per output element: ``dst(i, j) = sum_k mat[i][k]
-    src(k, j)`` (``left``) or ``sum_k mat[j][k] src(i, k)``; ``src`` / ``dst`` format an
-    element's array access from ``(i, j)``. A loop stores one stream and reads at most a few
-    (the matrices are sparse), so LLVM vectorises it over ``c`` without giving up on the
-    runtime alias checks a loop body with dozens of streams would need."""
-    lines = []
-    for i in range(rows):
-        for j in range(rows if not left else n):
-            if left:
-                expr = _lincomb(mat[i], [src.format(k, j) for k in range(n)])
-            else:
-                expr = _lincomb(mat[j], [src.format(i, k) for k in range(n)])
-            lines += ["for c in range(C):", f"    {dst.format(i, j)} = {expr}"]
-    return lines
-
-
-def _indent(lines: list[str], depth: int) -> str:
-    return "".join("    " * depth + line + "\n" for line in lines)
-
-
-def _source(m: int, r: int, canonical: str) -> str:
-    at, _, bt = matrices(m, r)
-    n = m + r - 1
-    nn = n * n
-    # input: h = B^T d (by columns), V = h B (by rows)
-    t_in = _loops(bt, n, n, "patch[{0} * N_ + {1}, c]", "h[{0} * N_ + {1}, c]", True) + \
-        _loops(bt, n, n, "h[{0} * N_ + {1}, c]", "V[t, {0} * N_ + {1}, c]", False)
-    # output: h = A^T M (by columns), acc = h A (by rows)
-    t_out = _loops(at, m, n, "M[t, {0} * N_ + {1}, c]", "h[{0} * N_ + {1}, c]", True) + \
-        _loops(at, m, n, "h[{0} * N_ + {1}, c]", "acc[{0} * M_ + {1}, c]", False)
-    return f'''"""Generated by ollie.runtime.winograd: F({m}x{m}, {r}x{r}) transforms."""
-import numpy as np
-from numba import njit, prange
-
-CANONICAL = {canonical!r}
-N_ = {n}
-M_ = {m}
-
-
-@njit(fastmath=False, cache=True)
-def _origin(t, per, tw, dil):
-    """Tile ``t``: its batch entry and first output row and column (tiles of one residue
-    class modulo ``dil`` hold outputs ``dil`` apart)."""
-    b = t // per
-    rr = t - b * per
-    ty = rr // tw
-    tx = rr - ty * tw
-    return b, ty % dil + (ty // dil) * dil * M_, tx % dil + (tx // dil) * dil * M_
-
-
-@njit(fastmath=False, cache=True)
-def _tile_input(x, V, patch, h, t, b, y0, x0, dil):
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    for i in range(N_):
-        yy = y0 + dil * i
-        for j in range(N_):
-            xx = x0 + dil * j
-            p = i * N_ + j
-            if yy >= 0 and yy < H and xx >= 0 and xx < W:
-                for c in range(C):
-                    patch[p, c] = x[b, c, yy, xx]
-            else:
-                for c in range(C):
-                    patch[p, c] = np.float32(0.0)
-{_indent(t_in, 1)}
-
-@njit(parallel=True, fastmath=False, cache=True)
-def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
-    C = x.shape[1]
-    per = th * tw
-    for q in prange((count + chunk - 1) // chunk):
-        patch = np.empty(({nn}, C), np.float32)
-        h = np.empty(({nn}, C), np.float32)
-        for tl in range(q * chunk, min(count, (q + 1) * chunk)):
-            b, y0, x0 = _origin(t0 + tl, per, tw, dil)
-            _tile_input(x, V, patch, h, tl, b, y0 - pad_t, x0 - pad_l, dil)
-
-
-@njit(fastmath=False, cache=True)
-def _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, t, b, y0, x0, dil):
-    C = M.shape[2]
-    K = Y.shape[3]
-{_indent(t_out, 1)}    for i in range(M_):
-        yy = y0 + dil * i
-        if yy >= ho:
-            break
-        for j in range(M_):
-            xx = x0 + dil * j
-            if xx >= wo:
-                break
-            a = i * M_ + j
-            for ph in range(s * s):
-                oy = s * yy + ph // s
-                ox = s * xx + ph % s
-                o = ph * K
-                if mode == 0:
-                    for c in range(K):
-                        Y[b, oy, ox, c] = acc[a, o + c] + bias[o + c]
-                elif mode == 1:
-                    for c in range(K):
-                        v = acc[a, o + c] + bias[o + c]
-                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
-                elif mode == 2:
-                    for c in range(K):
-                        Y[b, oy, ox, c] = acc[a, o + c] + bias[o + c] + res[b, c, oy, ox]
-                else:
-                    for c in range(K):
-                        v = acc[a, o + c] + bias[o + c] + res[b, c, oy, ox]
-                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
-
-
-@njit(parallel=True, fastmath=False, cache=True)
-def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, chunk):
-    C = M.shape[2]
-    per = th * tw
-    for q in prange((count + chunk - 1) // chunk):
-        h = np.empty(({m * n}, C), np.float32)
-        acc = np.empty(({m * m}, C), np.float32)
-        for tl in range(q * chunk, min(count, (q + 1) * chunk)):
-            b, y0, x0 = _origin(t0 + tl, per, tw, dil)
-            _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, tl, b, y0, x0, dil)
-'''
-
-
 CHANNELS_LAST_PLANE = 1 << 14
 """An NCHW input whose planes hold this many elements or more is copied to channels-last
 first: the input transform reads a patch's channels one plane apart, and across planes of
 64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
 NCHW against 135 ms from channels-last; at [16, 128, 28, 28] the two are within 3%)."""
-
-_MODULES: dict[str, object] = {}
-
-
-def _module(m: int, r: int):
-    """The transforms of ``F(m, r)`` (generated, from the kernel cache)."""
-    from ollie.codegen.cache import default_cache_dir, load_module
-    from ollie.codegen.cpu import _configure_numba
-
-    canonical = f"winograd v{KERNEL_VERSION} F({m},{r})"
-    mod = _MODULES.get(canonical)
-    if mod is None:
-        _configure_numba()
-        stem = f"ollie_winograd_v{KERNEL_VERSION}_F{m}x{r}"
-        mod, _ = load_module(default_cache_dir(), stem, canonical, f"{stem}_b",
-                             lambda: _source(m, r, canonical))
-        _MODULES[canonical] = mod
-    return mod
-
 
 # ------------------------------------------------------------------------ the convolution
 def _weights(weight: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -446,7 +231,7 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
     relu = activation == "relu"
     post = onednn.POST_OPS[None if relu else activation]
     try:
-        mod = _module(m, r)
+        mod = module(m, r)
     except Exception as exc:  # numba's compile errors have many types
         log.warning("Winograd F(%d, %d) transforms did not compile: %s", m, r, exc)
         return None
