@@ -254,7 +254,7 @@ def test_report_of_kept_originals_records_the_rewrites_not_kept():
 
 @needs_onednn
 def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only():
-    from ollie.optimizer.libraries import ONEDNN_WINOGRAD, variant, winograd_applies
+    from ollie.optimizer.libraries import ONEDNN_WINOGRAD, WINOGRAD_ALL, variant, winograd_applies
 
     m, x, prog, _, _ = _original_program()   # a 3x3 Conv2d and a 4x4 stride-2 ConvTranspose2d
     convs = [k for k in prog.kernels if is_library_conv(k)]
@@ -271,3 +271,24 @@ def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only():
     prog2, _, _ = original_program(plain, x)
     assert not any(winograd_applies(k, prog2) for k in prog2.kernels if is_library_conv(k))
     assert variant(prog2, ONEDNN_WINOGRAD) is None
+    assert variant(prog2, WINOGRAD_ALL) is None
+
+
+@needs_onednn
+def test_winograd_wherever_it_applies_puts_the_others_on_onednn():
+    from ollie.optimizer.libraries import WINOGRAD_ALL, variant, winograd_applies
+    from ollie.runtime.onednn import WINOGRAD
+
+    torch.manual_seed(7)
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 1), nn.ReLU(),
+                      nn.ConvTranspose2d(6, 3, 4, 2, 1)).eval()
+    x = torch.randn(2, 4, 9, 9)
+    prog, _, _ = original_program(m, x)
+    v = variant(prog, WINOGRAD_ALL)
+    assert v is not None
+    libs = [(winograd_applies(k, prog), k.params["library"]) for k in v.kernels
+            if is_library_conv(k)]
+    assert libs == [(True, WINOGRAD), (False, "oneDNN packed"), (True, WINOGRAD)]
+    with torch.inference_mode():
+        want = m(x)
+    torch.testing.assert_close(CompiledProgram(v)(x), want, rtol=1e-3, atol=1e-4)

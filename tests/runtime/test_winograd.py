@@ -193,3 +193,27 @@ def test_gan_layers_are_three_by_three_phase_convolutions() -> None:
     phases, left = winograd.transposed_as_phases(wt, 2, 1)
     assert phases.shape == (16, 8, 3, 3) and left == 1
     assert int((phases != 0).sum()) == 4 * 4 * 8 * 4   # 4 taps per phase and channel pair
+
+
+@needs_onednn
+@pytest.mark.parametrize("per_phase", [True, False])
+def test_gan_layer_per_phase_and_over_the_window_match_the_interpreter(monkeypatch,
+                                                                       per_phase) -> None:
+    # each phase of a 4x4 stride-2 kernel reads 2x2 taps: its own F(4x4, 2x2) convolution
+    # (the default), or all phases as one F(4x4, 3x3) over the 3x3 window
+    wt = torch.randn(8, 4, 4, 4, generator=torch.Generator().manual_seed(3))
+    parts = winograd.phase_parts(wt, 2, 1)
+    assert parts is not None and len(parts) == 4
+    assert [(tuple(w.shape), pad, ph) for w, pad, ph in parts] == [
+        ((4, 8, 2, 2), (1, 1), 0), ((4, 8, 2, 2), (1, 0), 1),
+        ((4, 8, 2, 2), (0, 1), 2), ((4, 8, 2, 2), (0, 0), 3)]
+    if not per_phase:
+        monkeypatch.setattr(winograd, "phase_parts", lambda *a: None)
+    x = torch.randn(2, 8, 5, 6, generator=torch.Generator().manual_seed(4))
+    conv = winograd.winograd_conv_transpose2d(wt, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                              (1, 1), activation="relu")
+    assert conv is not None
+    want = torch.relu(torch.from_numpy(_interpreted_transposed(x, wt, 2, 1, 0)))
+    with torch.inference_mode():
+        got = conv(x)
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())

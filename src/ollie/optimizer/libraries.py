@@ -75,7 +75,17 @@ ONEDNN_WINOGRAD = f"{UNIFORM[0]}{ANY_OF}{WINOGRAD}"
 faster alone (:mod:`ollie.runtime.winograd`; both run on torch's threads; the per-operator
 choice may also pick ONNX Runtime, whose threads then compete with torch's)."""
 
-CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, REGIONS, REGIONS_ONEDNN)
+WINOGRAD_ALL = f"{WINOGRAD} wherever it applies"
+"""Every convolution with a Winograd form on it, the others on oneDNN, without measuring each
+alone. The per-operator measurement behind :data:`ONEDNN_WINOGRAD` starts from cold caches (a
+program whose weights exceed the cache reads them from memory), and the Winograd form's
+weights are 4x larger; a small model's weights stay in the last-level cache from one call to
+the next. On the 2-core VM (2026-11-24, InfoGAN b16, 12 MB of weights), the 256->128 and
+128->64 transposed convolutions measured 0.998 / 0.802 ms (Winograd) against 1.020 / 0.817
+(oneDNN) cold, so the choice was a coin toss, and 0.479 / 0.437 against 0.695 / 0.562 warm;
+timed in the whole program, the variant decides."""
+
+CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
 
 
@@ -190,9 +200,13 @@ def variant(prog: Program, name: str) -> Program | None:
     """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
     if name == PER_OPERATOR:
         return prog
-    if name == ONEDNN_WINOGRAD and not any(
+    if name in (ONEDNN_WINOGRAD, WINOGRAD_ALL) and not any(
             is_library_conv(k) and winograd_applies(k, prog) for k in prog.kernels):
         return None  # as UNIFORM[0]
+    if name == WINOGRAD_ALL:
+        kernels = [replace(k, params={**k.params, "library": WINOGRAD if winograd_applies(
+            k, prog) else UNIFORM[0]}) if is_library_conv(k) else k for k in prog.kernels]
+        return Program(prog.inputs, prog.outputs, kernels, prog.constants)
     if name in (REGIONS, REGIONS_ONEDNN):
         marked = ort_region.mark_regions(prog)
         if marked is None or name == REGIONS:
@@ -214,6 +228,8 @@ def _label(decision: str) -> str:
         return f"{REGIONS} (others oneDNN packed)"
     if decision == ONEDNN_WINOGRAD:
         return f"{UNIFORM[0]}, {WINOGRAD} where faster"
+    if decision == WINOGRAD_ALL:
+        return f"{WINOGRAD} wherever it applies, others {UNIFORM[0]}"
     return f"all {decision}"
 
 

@@ -1,7 +1,7 @@
 """Winograd convolutions ``F(m x m, r x r)`` on the CPU: fewer multiplications for stride-1
 convolutions with small square kernels.
 
-A stride-1 convolution (3x3 or 5x5 kernels, :data:`TILE`) computes ``m x m`` outputs of a
+A stride-1 convolution (2x2, 3x3 or 5x5 kernels, :data:`TILE`) computes ``m x m`` outputs of a
 tile from an ``n x n`` input patch, ``n = m + r - 1``. With the Cook-Toom matrices ``A^T``
 (``m x n``), ``G`` (``n x r``) and ``B^T`` (``n x n``) built from ``n - 1`` interpolation
 points and infinity (:func:`matrices`), one output tile is
@@ -56,14 +56,17 @@ from ollie.runtime.winograd_codegen import matrices, module
 
 log = logging.getLogger(__name__)
 
-TILE = {3: 4, 5: 4}
+TILE = {2: 4, 3: 4, 5: 4}
 """Output tile ``m`` per kernel size ``r``: ``F(4x4, 3x3)`` (``n = 6``: 4x fewer
-multiplications) and ``F(4x4, 5x5)`` (``n = 8``: 6.25x fewer; points up to +-2 and +-1/2,
-errors up to ~1e-5 of the largest output on SRCNN's layers). ``F(2x2, 5x5)`` measured 2-4x
-slower than oneDNN on SRCNN's 5x5 layers: its transformed input is 9x the input.
-``F(4x4, 5x5)`` on SRCNN's [16, 64, 224, 224] 64 -> 32 layer, channels-last input:
-134.7 against 169.8 ms (2026-11-24); most of it is the input transform (64 short loops of 64
-channels per tile). Larger tiles need points whose powers grow fast (worse rounding)."""
+multiplications), ``F(4x4, 5x5)`` (``n = 8``: 6.25x fewer; points up to +-2 and +-1/2,
+errors up to ~1e-5 of the largest output on SRCNN's layers) and ``F(4x4, 2x2)`` (``n = 5``:
+2.56x fewer; the phases of 4x4 stride-2 transposed convolutions, :func:`phase_parts`;
+``F(2x2, 2x2)`` measured slower on DCGAN b16, 8.2-8.5 against 7.6-7.7 ms, its transformed
+input being 9/4 of the input). ``F(2x2, 5x5)`` measured 2-4x slower than oneDNN on SRCNN's
+5x5 layers: its transformed input is 9x the input. ``F(4x4, 5x5)`` on SRCNN's
+[16, 64, 224, 224] 64 -> 32 layer, channels-last input: 134.7 against 169.8 ms (2026-11-24);
+most of it is the input transform (64 short loops of 64 channels per tile). Larger tiles need
+points whose powers grow fast (worse rounding)."""
 
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
@@ -123,7 +126,8 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     r, dil = w.shape[-1], int(dilation[0])
     ho = input_shape[2] + 2 * padding[0] - dil * (r - 1)
     wo = input_shape[3] + 2 * padding[1] - dil * (r - 1)
-    conv = _build(w, b, input_shape, tuple(padding), (ho, wo), dil, 1, activation, residual)
+    conv = _build([(w, tuple(padding), 0)], b, input_shape, (ho, wo), dil, 1, activation,
+                  residual)
     ref = onednn._post(activation, residual, lambda x: F.conv2d(
         x, w, b, 1, tuple(padding), (dil, dil)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
@@ -150,7 +154,20 @@ def applies_transposed(weight_shape: tuple[int, ...], stride: tuple[int, int],
     if any(not t for t in taps):
         return False
     ds = [d for t in taps for d, _ in t]
-    return max(ds) - min(ds) + 1 in TILE
+    return max(ds) - min(ds) + 1 in TILE or _phase_window(taps) is not None
+
+
+def _phase_window(taps: list[list[tuple[int, int]]]) -> int | None:
+    """The kernel size ``r`` of every phase's own convolution (:func:`phase_parts`), or None
+    unless each phase reads ``r`` consecutive input offsets with ``r`` in :data:`TILE`."""
+    sizes = {len(t) for t in taps}
+    if len(sizes) != 1 or (r := sizes.pop()) not in TILE:
+        return None
+    for t in taps:
+        ds = sorted(d for d, _ in t)
+        if ds != list(range(ds[0], ds[0] + r)):
+            return None
+    return r
 
 
 def transposed_as_phases(weight: torch.Tensor, stride: int, padding: int
@@ -176,6 +193,37 @@ def transposed_as_phases(weight: torch.Tensor, stride: int, padding: int
     return out.reshape(stride * stride * kk, c, r, r), -lo
 
 
+def phase_parts(weight: torch.Tensor, stride: int, padding: int
+                ) -> list[tuple[torch.Tensor, tuple[int, int], int]] | None:
+    """A stride-``s`` transposed convolution (weight ``[C, K, k, k]``) as ``s*s`` stride-1
+    convolutions, one per output phase ``(a, b)``: ``(weight [K, C, r, r], (top, left)
+    padding, phase a*s + b)``, each reading only its own taps. None unless every phase reads
+    ``r`` consecutive input offsets per dimension with ``r`` in :data:`TILE` (4x4 stride-2
+    kernels: 2x2 per phase, ``F(4x4, 2x2)``).
+
+    Against :func:`transposed_as_phases` (one ``F(4x4, 3x3)`` over a window spanning every
+    phase's offsets, zero taps included), per output and channel pair the products do 25/16
+    instead of 36/16 multiplications and the transformed weights are ``100*C*K`` floats
+    instead of ``144*C*K`` (the weight itself: ``16*C*K``), at the price of one input
+    transform per phase. On the 2-core VM (2026-11-24), DCGAN b16 with every transposed
+    convolution on Winograd ran 7.58-7.67 ms per phase, 8.05-8.22 ms over the window and
+    8.9-9.1 ms on oneDNN; alone and with warm caches the window was faster on 3 of its 4
+    layers (e.g. [16, 128, 16, 16] 128 -> 64: 1.75 against 2.30 ms), the per-phase form on
+    the 512 -> 256 layer (1.58 against 2.12 ms; its window weights are 75 MB)."""
+    taps = _phase_taps(weight.shape[2], stride, padding)
+    if _phase_window(taps) is None:
+        return None
+    wt = weight.permute(1, 0, 2, 3)  # [K, C, k, k]
+    parts = []
+    for a, ta in enumerate(taps):
+        ky = [kk for _, kk in sorted(ta)]
+        for bb, tb in enumerate(taps):
+            kx = [kk for _, kk in sorted(tb)]
+            w = wt[:, :, ky][:, :, :, kx].contiguous()
+            parts.append((w, (-min(ta)[0], -min(tb)[0]), a * stride + bb))
+    return parts
+
+
 def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                               stride: tuple[int, int], padding: tuple[int, int],
                               output_padding: tuple[int, int], dilation: tuple[int, int],
@@ -183,9 +231,11 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
                               activation: str | None = None, residual: bool = False
                               ) -> onednn.Conv | None:
     """``x -> f(conv_transpose2d(x, weight, bias, stride, padding, output_padding))`` by the
-    output phases as one Winograd convolution (:func:`transposed_as_phases`; InfoGAN's and
-    DCGAN's 4x4 stride-2 layers: a 3x3 window, 4 phases): the output transform writes each
-    phase's elements to their interleaved positions. ``None`` where that does not apply
+    output phases: one Winograd convolution per phase where each phase's taps form a kernel
+    of :data:`TILE` (:func:`phase_parts`; InfoGAN's and DCGAN's 4x4 stride-2 layers: 2x2 per
+    phase), else one over a window spanning all phases (:func:`transposed_as_phases`); the
+    output transform writes each phase's elements to their interleaved positions. ``None``
+    where neither applies
     (square stride and kernel, no dilation or groups, every phase the same size) or does not
     agree with ``F.conv_transpose2d`` on a random input."""
     s = int(stride[0])
@@ -200,29 +250,32 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
         return None
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().float().contiguous()
-    phases = transposed_as_phases(w, s, p)
-    if phases is None:
-        return None
-    wp, lo = phases
-    bp = None if b is None else b.repeat(s * s)
-    conv = _build(wp, bp, input_shape, (lo, lo), (hout // s, wout // s), 1, s, activation,
-                  residual)
+    parts = phase_parts(w, s, p)
+    if parts is None:
+        phases = transposed_as_phases(w, s, p)
+        if phases is None:
+            return None
+        wp, lo = phases
+        parts = [(wp, (lo, lo), 0)]
+    conv = _build(parts, b, input_shape, (hout // s, wout // s), 1, s, activation, residual)
     ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
         x, w, b, s, p, tuple(output_padding)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
 
 
-def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...],
-           padding: tuple[int, int], out_size: tuple[int, int], dil: int, s: int,
+def _build(parts: list[tuple[torch.Tensor, tuple[int, int], int]], b: torch.Tensor | None,
+           input_shape: tuple[int, ...], out_size: tuple[int, int], dil: int, s: int,
            activation: str | None, residual: bool) -> onednn.Conv | None:
-    """The Winograd convolution of ``w`` (``[s*s*K, C, r, r]``) over inputs of
-    ``input_shape``, ``padding`` on the top and left, ``out_size`` outputs per phase; phase
-    ``ph`` (channels ``ph*K`` on) goes to output ``(s*u + ph // s, s*v + ph % s)``."""
-    r = w.shape[-1]
+    """The Winograd convolution over inputs of ``input_shape`` of ``parts``, each
+    ``(w, padding, ph0)``: weight ``w`` (``[P*K, C, r, r]``, the same ``r`` for all) computes
+    output phases ``ph0 .. ph0 + P - 1`` (phase ``ph``: outputs ``(s*u + ph // s, s*v + ph %
+    s)``, ``out_size`` of them per phase) from the input padded by ``padding`` on the top and
+    left; ``b``: the bias of the ``K`` output channels."""
+    r = parts[0][0].shape[-1]
     m = TILE[r]
     nb, c = input_shape[0], input_shape[1]
-    kp = w.shape[0]
-    k = kp // (s * s)
+    kp = max(w.shape[0] for w, _, _ in parts)
+    k = parts[0][0].shape[0] * len(parts) // (s * s)
     ho, wo = out_size
     if ho <= 0 or wo <= 0:
         return None
@@ -235,21 +288,26 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
     except Exception as exc:  # numba's compile errors have many types
         log.warning("Winograd F(%d, %d) transforms did not compile: %s", m, r, exc)
         return None
-    us = _weights(w, m)
-    nn = len(us)
+    nn = (m + r - 1) ** 2
     # tiles in blocks of at most ``block`` (V and M of a block stay in the caches); the nn
     # products of a block as one grouped 1x1 convolution: V [block, nn, C] is a channels-last
     # [1, nn*C, block, 1] image, its output [1, nn*K', block, 1] is M [block, nn, K']
     per_tile = 4 * nn * (c + kp)
     block = tiles if tiles * per_tile <= WHOLE_BYTES else max(1, BLOCK_BYTES // per_tile)
     sizes = sorted({block, tiles % block} - {0})
-    products = {n: onednn.packed_conv2d(torch.cat(us).reshape(nn * kp, c, 1, 1),
-                                        (1, nn * c, n, 1), (1, 1), (0, 0), (1, 1), None, nn)
-                for n in sizes}
-    if any(p is None for p in products.values()):
-        return None
+    runs = []
+    for w, pad, ph0 in parts:
+        us = _weights(w, m)
+        products = {n: onednn.packed_conv2d(torch.cat(us).reshape(nn * w.shape[0], c, 1, 1),
+                                            (1, nn * c, n, 1), (1, 1), (0, 0), (1, 1), None,
+                                            nn)
+                    for n in sizes}
+        if any(p is None for p in products.values()):
+            return None
+        phases = w.shape[0] // k
+        bias = (torch.zeros(k) if b is None else b).repeat(phases).numpy()
+        runs.append((products, pad, ph0, w.shape[0], bias))
     no_res = np.zeros((1, 1, 1, 1), np.float32)
-    bias_np = (torch.zeros(kp) if b is None else b).numpy()
     mode = int(relu) + 2 * int(residual)
     big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
     local = threading.local()
@@ -273,12 +331,12 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
             count = min(block, tiles - t0)
             chunk = max(1, count // 16)
             vb = v[:count]
-            mod.transform_input(xn, vb.numpy(), t0, count, padding[0], padding[1], dil, th, tw,
-                                chunk)
-            out = products[count](vb.reshape(1, count, 1, nn * c).permute(0, 3, 1, 2))
-            ms = out.permute(0, 2, 3, 1).reshape(count, nn, kp)
-            mod.transform_output(ms.numpy(), yn, bias_np, rn, mode, s, ho, wo, t0, count, dil,
-                                 th, tw, chunk)
+            for products, (pt, pl), ph0, kw, bias in runs:
+                mod.transform_input(xn, vb.numpy(), t0, count, pt, pl, dil, th, tw, chunk)
+                out = products[count](vb.reshape(1, count, 1, nn * c).permute(0, 3, 1, 2))
+                ms = out.permute(0, 2, 3, 1).reshape(count, nn, kw)
+                mod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0, ho, wo, t0,
+                                     count, dil, th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
 
     if residual:
@@ -290,5 +348,5 @@ def _build(w: torch.Tensor, b: torch.Tensor | None, input_shape: tuple[int, ...]
     return conv
 
 
-__all__ = ["TILE", "applies", "applies_transposed", "matrices", "transposed_as_phases",
-           "winograd_conv2d", "winograd_conv_transpose2d"]
+__all__ = ["TILE", "applies", "applies_transposed", "matrices", "phase_parts",
+           "transposed_as_phases", "winograd_conv2d", "winograd_conv_transpose2d"]

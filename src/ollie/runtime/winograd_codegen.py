@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-KERNEL_VERSION = 7
+KERNEL_VERSION = 8
 """Part of the generated modules' names: bumped when the generated code changes."""
 
 
@@ -164,9 +164,10 @@ def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
 
 
 @njit(fastmath=False, cache=True)
-def _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, t, b, y0, x0, dil):
+def _tile_output(M, Y, bias, res, mode, s, ph0, ho, wo, h, acc, t, b, y0, x0, dil):
     C = M.shape[2]
     K = Y.shape[3]
+    phases = C // K
 {_indent(t_out, 1)}    for i in range(M_):
         yy = y0 + dil * i
         if yy >= ho:
@@ -176,9 +177,9 @@ def _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, t, b, y0, x0, dil):
             if xx >= wo:
                 break
             a = i * M_ + j
-            for ph in range(s * s):
-                oy = s * yy + ph // s
-                ox = s * xx + ph % s
+            for ph in range(phases):
+                oy = s * yy + (ph0 + ph) // s
+                ox = s * xx + (ph0 + ph) % s
                 o = ph * K
                 if mode == 0:
                     for c in range(K):
@@ -197,7 +198,7 @@ def _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, t, b, y0, x0, dil):
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, chunk):
+def transform_output(M, Y, bias, res, mode, s, ph0, ho, wo, t0, count, dil, th, tw, chunk):
     C = M.shape[2]
     per = th * tw
     for q in prange((count + chunk - 1) // chunk):
@@ -205,7 +206,8 @@ def transform_output(M, Y, bias, res, mode, s, ho, wo, t0, count, dil, th, tw, c
         acc = np.empty(({m * m}, C), np.float32)
         for tl in range(q * chunk, min(count, (q + 1) * chunk)):
             b, y0, x0 = _origin(t0 + tl, per, tw, dil)
-            _tile_output(M, Y, bias, res, mode, s, ho, wo, h, acc, tl, b, y0, x0, dil)
+            _tile_output(M, Y, bias, res, mode, s, ph0, ho, wo, h, acc, tl, b, y0, x0,
+                         dil)
 '''
 
 
