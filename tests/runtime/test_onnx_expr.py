@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ollie
 from ollie.errors import UnsupportedError
 from ollie.program.kernel import View
-from ollie.runtime import onnx_expr
+from ollie.runtime import onnx_expr, onnx_views
 from ollie.runtime.ort_region import _Builder, needs_gather
 from ollie.semantics.check import random_inputs
 from ollie.testing.strategies import exprs
@@ -242,6 +242,6 @@ def test_contiguous_permuted_and_broadcast_views_need_no_gather():
 
 
 def test_oversized_grids_are_rejected(monkeypatch):
-    monkeypatch.setattr(onnx_expr, "MAX_ELEMENTS", 10)
+    monkeypatch.setattr(onnx_views, "MAX_ELEMENTS", 10)
     with pytest.raises(UnsupportedError, match="exceeds"):
         _emit(ollie.parse("A: [4, 4]\nL<i=0:4, j=0:4> A[i, j] * 2.0"))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -43,11 +42,16 @@ from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
 from ollie.ir.index import Affine, Var
 from ollie.ir.nodes import Node, accesses
-from ollie.program.kernel import View
-
-MAX_ELEMENTS = 1 << 23
-"""Largest grid (product of a scope's iterator sizes over the axes a value spans) and largest
-constant gather index this module emits; beyond it the kernel stays outside the region."""
+from ollie.runtime.onnx_views import (
+    MAX_ELEMENTS,
+    Emitter,
+    broadcast,
+    check_size,
+    int_array,
+    out_node,
+    view_gathers,
+    view_read,
+)
 
 UNROLL = 16
 """A sum of at most this many terms whose reads need a ``Gather`` over the grid but are
@@ -58,100 +62,6 @@ _UNARY = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "exp": "Exp", "l
 _ZERO_AT_ZERO = ("relu", "tanh", "sqrt", "abs")
 """Unary functions with ``f(0) = 0``: ``f`` of a read outside its tensor is 0."""
 _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
-
-
-class Emitter(Protocol):
-    """What this module needs from a graph builder (:class:`ollie.runtime.ort_region._Builder`):
-    ``shapes`` maps each ONNX value to its static shape."""
-
-    shapes: dict[str, tuple[int, ...]]
-
-    def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str: ...
-
-    def const(self, name: str, value: np.ndarray | None = None) -> str: ...
-
-    def reshape(self, name: str, shape: Sequence[int]) -> str: ...
-
-
-def _check_size(n: int, what: str) -> None:
-    if n > MAX_ELEMENTS:
-        raise UnsupportedError(f"{what} of {n} elements exceeds {MAX_ELEMENTS} for an ONNX "
-                               "region")
-
-
-def _ints(values: Sequence[int]) -> np.ndarray:
-    return np.asarray(list(values), dtype=np.int64)
-
-
-def _out(b: Emitter, op: str, inputs: Sequence[str], shape: tuple[int, ...],
-         base: str, **attrs: object) -> str:
-    y = b.node(op, inputs, base, **attrs)
-    b.shapes[y] = shape
-    return y
-
-
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(max(dims) for dims in zip(*shapes, strict=True))
-
-
-# ------------------------------------------------------------------------------ views
-
-
-def _permuted(view: View, numel: int) -> list[int] | None:
-    """The dimensions of ``view`` it steps through (size > 1, stride > 0), outermost first in
-    the tensor's memory, when ``view`` reads a ``numel``-element tensor whole as a permutation
-    of its row-major layout (broadcast over stride-0 dimensions); else None."""
-    moving = [d for d, (n, s) in enumerate(zip(view.sizes, view.strides, strict=True))
-              if n != 1 and s != 0]
-    order = sorted(moving, key=lambda d: -view.strides[d])
-    expect = 1
-    for d in reversed(order):
-        if view.strides[d] != expect:
-            return None
-        expect *= view.sizes[d]
-    return order if view.offset == 0 and expect == numel else None
-
-
-def view_gathers(view: View | None, numel: int) -> bool:
-    """Whether :func:`view_read` reads ``view`` of a ``numel``-element tensor with a
-    ``Gather`` (not a ``Reshape`` / ``Transpose`` / ``Expand``)."""
-    return view is not None and _permuted(view, numel) is None
-
-
-def view_read(b: Emitter, name: str, view: View | None) -> str:
-    """The ONNX value of shape ``view.sizes`` that ``view`` reads from the flat storage of
-    ``name`` (``name`` itself when ``view`` is None)."""
-    if view is None:
-        return name
-    numel = math.prod(b.shapes[name])
-    sizes, strides = tuple(view.sizes), tuple(view.strides)
-    order = _permuted(view, numel)
-    if order is not None:
-        # the tensor's memory as the dimensions it steps through, permuted into view order,
-        # broadcast over stride-0 ones
-        y = b.reshape(name, tuple(sizes[d] for d in order))
-        moving = sorted(order)
-        if order != moving:
-            perm = [order.index(d) for d in moving]
-            y = _out(b, "Transpose", [y], tuple(sizes[d] for d in moving), "transpose",
-                     perm=perm)
-        narrow = tuple(n if d in order else 1 for d, n in enumerate(sizes))
-        y = b.reshape(y, narrow)
-        if narrow != sizes:
-            y = _out(b, "Expand", [y, b.const("sizes", _ints(sizes))], sizes, "expand")
-        return y
-    _check_size(math.prod(sizes), "a strided view")
-    pos = np.full((1,) * len(sizes), view.offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(sizes, strides, strict=True)):
-        shape = [1] * len(sizes)
-        shape[d] = n
-        pos = pos + np.arange(n, dtype=np.int64).reshape(shape) * s
-    pos = np.broadcast_to(pos, sizes)
-    if int(pos.min(initial=0)) < 0 or int(pos.max(initial=0)) >= numel:
-        raise UnsupportedError("a view reads outside its tensor")
-    flat = b.reshape(name, (numel,))
-    return _out(b, "Gather", [flat, b.const("positions", np.ascontiguousarray(pos))], sizes,
-                "view", axis=0)
 
 
 # ------------------------------------------------------------------------------ scopes
@@ -187,20 +97,20 @@ class _Scope:
         else:
             value = self._const(self.value(self.scope.body))
             shape = self.b.shapes[value]
-            _check_size(math.prod(shape), "an eOperator grid")
+            check_size(math.prod(shape), "an eOperator grid")
             reduce = [a for a in range(nt, len(self.grid)) if shape[a] > 1]
             scale = math.prod(self.grid[a] for a in range(nt, len(self.grid))
                               if shape[a] == 1)
             if reduce:
                 kept = tuple(1 if a in reduce else n for a, n in enumerate(shape))
-                value = _out(self.b, "ReduceSum",
-                             [value, self.b.const("axes", _ints(reduce))], kept, "sum",
-                             keepdims=1)
+                value = out_node(self.b, "ReduceSum",
+                                [value, self.b.const("axes", int_array(reduce))], kept, "sum",
+                                keepdims=1)
             if scale != 1:
                 value = self._binary("Mul", value, self._scalar(float(scale)))
         value = self.b.reshape(value, self.b.shapes[value][:nt])
         if self.b.shapes[value] != self.scope.shape:
-            value = _out(self.b, "Expand", [value, self.b.const("shape", _ints(
+            value = out_node(self.b, "Expand", [value, self.b.const("shape", int_array(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
 
@@ -242,7 +152,7 @@ class _Scope:
                     axis, start = k, -q.const
             src = self._whole(acc.source)
             if fn is not None:
-                src = _out(self.b, _UNARY[fn], [src], tuple(dims), fn)
+                src = out_node(self.b, _UNARY[fn], [src], tuple(dims), fn)
             parts.append((start, dims, src))
         if axis is None:
             return None
@@ -254,8 +164,8 @@ class _Scope:
             edge += dims[axis]
         if edge != self.grid[axis]:
             return None
-        return _out(self.b, "Concat", [src for _, _, src in parts],
-                    self.scope.shape, "concat", axis=axis)
+        return out_node(self.b, "Concat", [src for _, _, src in parts],
+                       self.scope.shape, "concat", axis=axis)
 
     def _global_average(self) -> str | None:
         """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` over a 4-D grid (two traversal axes,
@@ -274,7 +184,7 @@ class _Scope:
         value = self.value(inner)
         if isinstance(value, float) or self.b.shapes[value] != self.grid:
             return None  # constant along some axis: the general form handles it
-        y = _out(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
+        y = out_node(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
         return self.b.reshape(y, scope.shape)
 
     def _whole(self, source: str | Scope) -> str:
@@ -324,8 +234,8 @@ class _Scope:
         return name
 
     def _binary(self, op: str, x: str, y: str) -> str:
-        shape = _broadcast(self.b.shapes[x], self.b.shapes[y])
-        return _out(self.b, op, [x, y], shape, op.lower())
+        shape = broadcast(self.b.shapes[x], self.b.shapes[y])
+        return out_node(self.b, op, [x, y], shape, op.lower())
 
     def value(self, node: Node) -> str | float:
         """The ONNX value of ``node`` over the grid (a float for a constant)."""
@@ -337,7 +247,7 @@ class _Scope:
             x = self.value(node.x)
             if isinstance(x, float):
                 return -x
-            return _out(self.b, "Neg", [x], self.b.shapes[x], "neg")
+            return out_node(self.b, "Neg", [x], self.b.shapes[x], "neg")
         if isinstance(node, BinOp):
             swish = self._hard_swish(node) if node.op == "*" else None
             if swish is not None:
@@ -349,7 +259,7 @@ class _Scope:
             return clip
         if node.fn in _UNARY:
             x = self._const(self.value(node.args[0]))
-            return _out(self.b, _UNARY[node.fn], [x], self.b.shapes[x], node.fn)
+            return out_node(self.b, _UNARY[node.fn], [x], self.b.shapes[x], node.fn)
         return self._apply(_BINARY[node.fn], node.args)
 
     def _scalar_of(self, node: Node) -> float | None:
@@ -393,14 +303,14 @@ class _Scope:
         affine = self._affine(x) if (lo, hi) == (0.0, 1.0) else None
         if affine is not None:
             value = self._const(self.value(affine[0]))
-            return _out(self.b, "HardSigmoid", [value], self.b.shapes[value], "hardsigmoid",
-                        alpha=affine[1], beta=affine[2])
+            return out_node(self.b, "HardSigmoid", [value], self.b.shapes[value], "hardsigmoid",
+                           alpha=affine[1], beta=affine[2])
         value = self._const(self.value(x))
         ins = [value] + [self.b.const(which, np.asarray(v, dtype=np.float32))
                          if v is not None else "" for v, which in ((lo, "lo"), (hi, "hi"))]
         while not ins[-1]:
             ins.pop()
-        return _out(self.b, "Clip", ins, self.b.shapes[value], "clip")
+        return out_node(self.b, "Clip", ins, self.b.shapes[value], "clip")
 
     def _hard_swish(self, node: BinOp) -> str | None:
         """``x * clip(x / 6 + 1 / 2, 0, 1)`` as one ONNX ``HardSwish``; else None."""
@@ -412,7 +322,7 @@ class _Scope:
             if affine is not None and affine[0] == x and abs(affine[1] - 1 / 6) < 1e-7 and \
                     abs(affine[2] - 0.5) < 1e-7:
                 value = self._const(self.value(x))
-                return _out(self.b, "HardSwish", [value], self.b.shapes[value], "hardswish")
+                return out_node(self.b, "HardSwish", [value], self.b.shapes[value], "hardswish")
         return None
 
     def _affine(self, node: Node) -> tuple[Node, float, float] | None:
@@ -454,7 +364,7 @@ class _Scope:
         fixed = self.fixed
         used = sorted({self.axis[v] for q in acc.indices for v in q.vars() if v not in fixed})
         sub = tuple(self.grid[a] if a in used else 1 for a in range(len(self.grid)))
-        _check_size(math.prod(sub), "a read")
+        check_size(math.prod(sub), "a read")
         pattern = self._pattern(acc.indices, fixed)
         if pattern is not None:
             return self._strided(src, pattern, offsets, sub)
@@ -474,11 +384,11 @@ class _Scope:
             flat = flat * n + np.clip(p, 0, n - 1)
         numel = math.prod(dims)
         flat_src = self.b.reshape(src, (numel,))
-        y = _out(self.b, "Gather", [flat_src, self.b.const("positions", flat)], sub,
-                 "read", axis=0)
+        y = out_node(self.b, "Gather", [flat_src, self.b.const("positions", flat)], sub,
+                    "read", axis=0)
         if not valid.all():
-            y = _out(self.b, "Where", [self.b.const("inside", valid), y, self._scalar(0.0)],
-                     sub, "pad")
+            y = out_node(self.b, "Where", [self.b.const("inside", valid), y, self._scalar(0.0)],
+                        sub, "pad")
         return y
 
     def _pattern(self, indices: Sequence[Affine], fixed: Mapping[str, int]
@@ -535,21 +445,21 @@ class _Scope:
                for b, st, n, dim in zip(begin, steps, inside, dims, strict=True)):
             ends = [b + st * (n - 1) + 1 for b, st, n in zip(begin, steps, inside,
                                                             strict=True)]
-            y = _out(self.b, "Slice", [y, self.b.const("starts", _ints(begin)),
-                                       self.b.const("ends", _ints(ends)),
-                                       self.b.const("axes", _ints(range(len(dims)))),
-                                       self.b.const("steps", _ints(steps))],
-                     tuple(inside), "slice")
+            y = out_node(self.b, "Slice", [y, self.b.const("starts", int_array(begin)),
+                                          self.b.const("ends", int_array(ends)),
+                                          self.b.const("axes", int_array(range(len(dims)))),
+                                          self.b.const("steps", int_array(steps))],
+                        tuple(inside), "slice")
         after = [n - b for n, b in zip(lengths, last, strict=True)]
         if any(first) or any(after):
-            y = _out(self.b, "Pad", [y, self.b.const("pads", _ints(first + after))],
-                     tuple(lengths), "pad", mode="constant")
+            y = out_node(self.b, "Pad", [y, self.b.const("pads", int_array(first + after))],
+                        tuple(lengths), "pad", mode="constant")
         moving = [d for d, (_, _, axis) in enumerate(pattern) if axis is not None]
         order = sorted(moving, key=lambda d: pattern[d][2])  # type: ignore[arg-type,return-value]
         if order != moving:
             perm = order + [d for d in range(len(dims)) if pattern[d][2] is None]
-            y = _out(self.b, "Transpose", [y], tuple(self.b.shapes[y][d] for d in perm),
-                     "transpose", perm=perm)
+            y = out_node(self.b, "Transpose", [y], tuple(self.b.shapes[y][d] for d in perm),
+                        "transpose", perm=perm)
         return self.b.reshape(y, sub)
 
 

@@ -119,12 +119,12 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
                  shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """A memory-bound eOperator whose reads need no ``Gather`` (:func:`_cheap`), or a
     ``Matmul`` whose computed operands need none either, with grids and views within
-    :data:`ollie.runtime.onnx_expr.MAX_ELEMENTS` (the emission itself may still reject the
+    :data:`ollie.runtime.onnx_views.MAX_ELEMENTS` (the emission itself may still reject the
     kernel, and then the region is not built). A compute-bound eOperator (its ``bound``
     parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it would be
     an element-wise product over its whole grid followed by a ``ReduceSum``."""
     from ollie.ir.nodes import nested_scopes
-    from ollie.runtime.onnx_expr import MAX_ELEMENTS, view_gathers
+    from ollie.runtime.onnx_views import MAX_ELEMENTS, view_gathers
 
     if k.expr is None or k.params.get("bound") == "compute":
         return False
@@ -309,7 +309,8 @@ class _Builder:
     def _expr_kernel(self, k: Kernel, original: Sequence[str]) -> str:
         """An eOperator (its expression, any fused activation included) or a ``Matmul`` over
         strided views of its operands (:mod:`ollie.runtime.onnx_expr`)."""
-        from ollie.runtime.onnx_expr import emit_scope, view_read
+        from ollie.runtime.onnx_expr import emit_scope
+        from ollie.runtime.onnx_views import view_read
 
         assert k.expr is not None
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
