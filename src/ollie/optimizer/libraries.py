@@ -79,11 +79,11 @@ WINOGRAD_ALL = f"{WINOGRAD} wherever it applies"
 """Every convolution with a Winograd form on it, the others on oneDNN, without measuring each
 alone. The per-operator measurement behind :data:`ONEDNN_WINOGRAD` starts from cold caches (a
 program whose weights exceed the cache reads them from memory), and the Winograd form's
-weights are 4x larger; a small model's weights stay in the last-level cache from one call to
-the next. On the 2-core VM (2026-11-24, InfoGAN b16, 12 MB of weights), the 256->128 and
-128->64 transposed convolutions measured 0.998 / 0.802 ms (Winograd) against 1.020 / 0.817
-(oneDNN) cold, so the choice was a coin toss, and 0.479 / 0.437 against 0.695 / 0.562 warm;
-timed in the whole program, the variant decides."""
+weights are several times larger (36/9 for a 3x3 kernel); a small model's weights stay in the
+last-level cache from one call to the next. On the 2-core VM (2026-11-24, InfoGAN b16, 12 MB
+of weights), the 256->128 and 128->64 transposed convolutions measured 0.998 / 0.802 ms
+(Winograd over the phases' window) against 1.020 / 0.817 (oneDNN) cold, a coin toss, and
+0.479 / 0.437 against 0.695 / 0.562 warm; timed in the whole program, the variant decides."""
 
 CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""

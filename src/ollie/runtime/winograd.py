@@ -235,9 +235,8 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
     of :data:`TILE` (:func:`phase_parts`; InfoGAN's and DCGAN's 4x4 stride-2 layers: 2x2 per
     phase), else one over a window spanning all phases (:func:`transposed_as_phases`); the
     output transform writes each phase's elements to their interleaved positions. ``None``
-    where neither applies
-    (square stride and kernel, no dilation or groups, every phase the same size) or does not
-    agree with ``F.conv_transpose2d`` on a random input."""
+    where neither applies (square stride and kernel, no dilation or groups, every phase the
+    same size) or does not agree with ``F.conv_transpose2d`` on a random input."""
     s = int(stride[0])
     if not (onednn._usable(weight) and len(input_shape) == 4
             and applies_transposed(tuple(weight.shape), stride, padding, dilation, groups)
