@@ -83,7 +83,10 @@ weights are several times larger (36/9 for a 3x3 kernel); a small model's weight
 last-level cache from one call to the next. On the 2-core VM (2026-11-24, InfoGAN b16, 12 MB
 of weights), the 256->128 and 128->64 transposed convolutions measured 0.998 / 0.802 ms
 (Winograd over the phases' window) against 1.020 / 0.817 (oneDNN) cold, a coin toss, and
-0.479 / 0.437 against 0.695 / 0.562 warm; timed in the whole program, the variant decides."""
+0.479 / 0.437 against 0.695 / 0.562 warm; timed in the whole program, the variant decides.
+In the model benchmark of 2026-11-24 it was chosen for CSRNet b1 (4.41 against 4.56 ms for the
+per-convolution choice) and SRCNN b1 / b16; on GCN, whose 21-channel 3x3 convolutions are slow
+as Winograd, it ran 40.5 against 28.2 ms (b1) and was not."""
 
 CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
