@@ -20,13 +20,13 @@ A dilated convolution (dilation ``d``) is the same on the lattice of positions c
 modulo ``d``: a tile holds outputs ``o + d*i`` and reads inputs ``o - pad + d*j``, so it needs
 no re-laid-out copy of the input.
 
-The transforms are generated numba kernels: per tile, one loop over channels per transformed
-element, with the matrices' non-zero coefficients written out (a loop reads a few streams and
-writes one, so LLVM vectorises it; one loop computing all 36 elements needs more runtime
-alias checks than LLVM allows and stays scalar, 10x slower), stored in the kernel cache
+The transforms are generated numba kernels (:mod:`ollie.runtime.winograd_codegen`: per tile a
+pass down the columns and one along the rows, each loop over channels computing a whole
+column or row, vectorised), generated per channel block and stored in the kernel cache
 (:mod:`ollie.codegen.cache`); the products are one call of oneDNN's grouped 1x1 convolution
 with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is a
-channels-last ``[1, n*n*C, tiles, 1]`` image, ``n*n`` groups). On the 2-core VM
+channels-last ``[1, n*n*cb, tiles, 1]`` image, ``n*n`` groups of the channel block ``cb``,
+the channels past ``C`` zero in ``V`` and in ``U``). On the 2-core VM
 (2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-512 channels, against 272-348
 for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels. Bias, a residual
 ``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform; other activations
@@ -52,7 +52,8 @@ import torch
 import torch.nn.functional as F
 
 from ollie.runtime import onednn
-from ollie.runtime.winograd_codegen import matrices, module
+from ollie.runtime.winograd_codegen import block as channel_block
+from ollie.runtime.winograd_codegen import input_module, matrices, output_module
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ errors up to ~1e-5 of the largest output on SRCNN's layers) and ``F(4x4, 2x2)`` 
 ``F(2x2, 2x2)`` measured slower on DCGAN b16, 8.2-8.5 against 7.6-7.7 ms, its transformed
 input being 9/4 of the input). ``F(2x2, 5x5)`` measured 2-4x slower than oneDNN on SRCNN's
 5x5 layers: its transformed input is 9x the input. ``F(4x4, 5x5)`` on SRCNN's
-[16, 64, 224, 224] 64 -> 32 layer, channels-last input: 134.7 against 169.8 ms (2026-11-24);
-most of it is the input transform (64 short loops of 64 channels per tile). Larger tiles need
-points whose powers grow fast (worse rounding)."""
+[1, 64, 224, 224] 64 -> 32 layer, channels-last input (2026-11-24): input transform 1.15 ms,
+products 2.14 ms (about 380 GFLOP/s), output transform 0.92 ms. Larger tiles need points
+whose powers grow fast (worse rounding)."""
 
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
@@ -83,7 +84,9 @@ CHANNELS_LAST_PLANE = 1 << 14
 """An NCHW input whose planes hold this many elements or more is copied to channels-last
 first: the input transform reads a patch's channels one plane apart, and across planes of
 64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
-NCHW against 135 ms from channels-last; at [16, 128, 28, 28] the two are within 3%)."""
+NCHW against 135 ms from channels-last with the first generated transforms; with the
+column/row transforms at [16, 128, 28, 28], 3.9 ms reading NCHW against 4.0 ms copying first,
+and 0.28 against 0.25 ms at [1, 64, 56, 56])."""
 
 # ------------------------------------------------------------------------ the convolution
 def _weights(weight: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -282,30 +285,34 @@ def _build(parts: list[tuple[torch.Tensor, tuple[int, int], int]], b: torch.Tens
     tiles = nb * th * tw
     relu = activation == "relu"
     post = onednn.POST_OPS[None if relu else activation]
+    cb = channel_block(c)
     try:
-        mod = module(m, r)
+        imod = input_module(m, r, c)
+        omods = {w.shape[0]: output_module(m, r, w.shape[0]) for w, _, _ in parts}
     except Exception as exc:  # numba's compile errors have many types
         log.warning("Winograd F(%d, %d) transforms did not compile: %s", m, r, exc)
         return None
     nn = (m + r - 1) ** 2
     # tiles in blocks of at most ``block`` (V and M of a block stay in the caches); the nn
-    # products of a block as one grouped 1x1 convolution: V [block, nn, C] is a channels-last
-    # [1, nn*C, block, 1] image, its output [1, nn*K', block, 1] is M [block, nn, K']
-    per_tile = 4 * nn * (c + kp)
+    # products of a block as one grouped 1x1 convolution: V [block, nn, cb] (C channels and
+    # zeros up to the transforms' channel block cb) is a channels-last [1, nn*cb, block, 1]
+    # image, its output [1, nn*K', block, 1] is M [block, nn, K']
+    per_tile = 4 * nn * (cb + kp)
     block = tiles if tiles * per_tile <= WHOLE_BYTES else max(1, BLOCK_BYTES // per_tile)
     sizes = sorted({block, tiles % block} - {0})
     runs = []
     for w, pad, ph0 in parts:
-        us = _weights(w, m)
-        products = {n: onednn.packed_conv2d(torch.cat(us).reshape(nn * w.shape[0], c, 1, 1),
-                                            (1, nn * c, n, 1), (1, 1), (0, 0), (1, 1), None,
+        u = torch.zeros(nn, w.shape[0], cb)
+        u[:, :, :c] = torch.stack(_weights(w, m))
+        products = {n: onednn.packed_conv2d(u.reshape(nn * w.shape[0], cb, 1, 1),
+                                            (1, nn * cb, n, 1), (1, 1), (0, 0), (1, 1), None,
                                             nn)
                     for n in sizes}
         if any(p is None for p in products.values()):
             return None
         phases = w.shape[0] // k
         bias = (torch.zeros(k) if b is None else b).repeat(phases).numpy()
-        runs.append((products, pad, ph0, w.shape[0], bias))
+        runs.append((products, pad, ph0, w.shape[0], bias, omods[w.shape[0]]))
     no_res = np.zeros((1, 1, 1, 1), np.float32)
     mode = int(relu) + 2 * int(residual)
     big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
@@ -314,7 +321,7 @@ def _build(parts: list[tuple[torch.Tensor, tuple[int, int], int]], b: torch.Tens
     def workspace() -> torch.Tensor:
         v = getattr(local, "v", None)
         if v is None:
-            v = local.v = torch.empty(block, nn, c)
+            v = local.v = torch.zeros(block, nn, cb)   # channels c.. stay zero
         return v
 
     def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
@@ -322,20 +329,21 @@ def _build(parts: list[tuple[torch.Tensor, tuple[int, int], int]], b: torch.Tens
         x = x.detach()
         if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
             x = x.contiguous(memory_format=torch.channels_last)
-        xn = x.numpy()
+        xn = x.permute(0, 2, 3, 1).numpy()
         y = torch.empty(nb, s * ho, s * wo, k)
         yn = y.numpy()
-        rn = no_res if res is None else res.detach().numpy()
+        rn = no_res if res is None else res.detach().permute(0, 2, 3, 1).numpy()
         for t0 in range(0, tiles, block):
             count = min(block, tiles - t0)
             chunk = max(1, count // 16)
             vb = v[:count]
-            for products, (pt, pl), ph0, kw, bias in runs:
-                mod.transform_input(xn, vb.numpy(), t0, count, pt, pl, dil, th, tw, chunk)
-                out = products[count](vb.reshape(1, count, 1, nn * c).permute(0, 3, 1, 2))
+            for products, (pt, pl), ph0, kw, bias, omod in runs:
+                imod.transform_input(xn, vb.reshape(count, nn * cb).numpy(), t0, count, pt,
+                                     pl, dil, th, tw, chunk)
+                out = products[count](vb.reshape(1, count, 1, nn * cb).permute(0, 3, 1, 2))
                 ms = out.permute(0, 2, 3, 1).reshape(count, nn, kw)
-                mod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0, ho, wo, t0,
-                                     count, dil, th, tw, chunk)
+                omod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0, ho, wo, t0,
+                                      count, dil, th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
 
     if residual:
