@@ -217,3 +217,53 @@ def test_gan_layer_per_phase_and_over_the_window_match_the_interpreter(monkeypat
     with torch.inference_mode():
         got = conv(x)
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+def test_channel_blocks_round_up_and_keep_few_modules() -> None:
+    from ollie.runtime.winograd_codegen import block
+
+    assert [block(c) for c in (1, 16, 17, 21, 64, 65, 128, 129, 512)] == \
+        [16, 16, 32, 32, 64, 128, 128, 192, 512]
+
+
+@needs_onednn
+@pytest.mark.parametrize(("c", "f", "k", "dil", "cl"), [
+    (21, 40, 3, 1, True), (70, 17, 3, 2, False), (33, 65, 5, 1, True), (20, 24, 2, 1, False)])
+def test_winograd_conv_with_padded_channel_blocks_matches_the_interpreter(c, f, k, dil,
+                                                                          cl) -> None:
+    # channel counts that are not a multiple of their block (zero channels in V and U),
+    # images large enough for interior tiles (read directly) beside border tiles (gathered)
+    g = torch.Generator().manual_seed(c * f)
+    x = torch.randn(2, c, 19, 23, generator=g)
+    w = torch.randn(f, c, k, k, generator=g)
+    b = torch.randn(f, generator=g)
+    pad = dil * (k - 1) // 2
+    span = dil * (k - 1) - 2 * pad
+    r = torch.randn(2, f, 19 - span, 23 - span, generator=g)
+    conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (pad, pad), (dil, dil), b,
+                                    activation="relu", residual=True)
+    assert conv is not None
+    want = torch.relu(torch.from_numpy(_interpreted(x, w, pad, dil)) + b.reshape(1, -1, 1, 1)
+                      + r)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    with torch.inference_mode():
+        got = conv(x.contiguous(memory_format=fmt), r)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+@needs_onednn
+def test_winograd_transposed_conv_with_padded_channel_blocks_matches_the_interpreter() -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 20, 11, 13, generator=g)
+    wt = torch.randn(20, 33, 4, 4, generator=g)
+    b = torch.randn(33, generator=g)
+    conv = winograd.winograd_conv_transpose2d(wt, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                              (1, 1), b, activation="relu")
+    assert conv is not None
+    want = torch.relu(torch.from_numpy(_interpreted_transposed(x, wt, 2, 1, 0))
+                      + b.reshape(1, -1, 1, 1))
+    with torch.inference_mode():
+        got = conv(x)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
