@@ -219,7 +219,7 @@ def test_gan_layer_per_phase_and_over_the_window_match_the_interpreter(monkeypat
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
 
 
-def test_channel_blocks_round_up_and_keep_few_modules() -> None:
+def test_channel_blocks_round_up_to_multiples_of_16_then_64() -> None:
     from ollie.runtime.winograd_codegen import block
 
     assert [block(c) for c in (1, 16, 17, 21, 64, 65, 128, 129, 512)] == \
