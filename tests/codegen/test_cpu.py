@@ -168,6 +168,54 @@ def test_nested_scope_with_summation_is_materialised():
     check(expr)
 
 
+@pytest.mark.parametrize("fn", [None, "tanh", "relu", "abs"])
+def test_root_that_copies_a_summed_scope_has_no_nest_of_its_own(fn):
+    """``f({L<...> Sum<...> ...}[i, j])``: the nest computing the scope writes the output and
+    applies ``f`` as it stores (no temporary, no copy nest); NaN and inf inputs propagate as
+    in the interpreter."""
+    inner = "{ L<a=0:4, b=-1:4> Sum<c=0:6> A[a, c] * A[a, b + c] }[i, j]"
+    expr = ollie.parse(f"A: [4, 6]\nL<i=0:4, j=-1:4> {f'{fn}({inner})' if fn else inner}")
+    plan = make_plan(expr)
+    assert len(plan.nests) == 1 and not plan.temps and plan.nests[0].post == fn
+    src = generate_source(expr)
+    assert "tmp_0" not in src and "np.tanh" not in src
+    check(expr)
+    a = random_inputs(expr, 1)["A"]
+    a[1, 2], a[2, 0], a[3, 5] = np.nan, np.inf, -np.inf
+    got = compile_cpu(expr)({"A": a})
+    want = ollie.interpret(expr, {"A": a})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_a_root_reading_its_scope_elsewhere_keeps_the_temporary():
+    """A transposed read (or a scale) is not a copy: the scope stays a temporary."""
+    for body in ("{ L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[j, i]",
+                 "{ L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[i, j] * 2"):
+        expr = ollie.parse(f"A: [4, 6]\nL<i=0:4, j=0:4> {body}")
+        assert len(make_plan(expr).temps) == 1
+        check(expr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
+                max_size=64))
+def test_generated_tanh_is_within_8_ulps(values):
+    """The vectorisable ``tanh`` of the generated code (``ollie.codegen.emit.TANH_PADE``):
+    within 8 float32 ulps (or 3e-7 absolute) of numpy's, NaN stays NaN, +-inf gives +-1."""
+    a = np.array(values, np.float32)
+    got = compile_cpu(ollie.parse(f"A: [{a.size}]\nL<i=0:{a.size}> tanh(A[i])"))({"A": a})
+    want = np.tanh(a.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    err = np.abs(got[ok].astype(np.float64) - want[ok])
+    ulp = np.spacing(np.abs(want[ok]).astype(np.float32)).astype(np.float64)
+    assert np.all((err <= 8 * ulp) | (err <= 3e-7)), (a[ok], got[ok], want[ok])
+    assert np.all(np.signbit(got[ok]) == np.signbit(want[ok]))
+
+
 def test_padding_at_both_ends_and_negative_ranges():
     check("A: [10]\nL<i=0:10> A[i - 2] + A[i + 2] * 3")
     check("A: [4, 3]\nL<i=-3:6, j=-2:4> A[i, j] - A[i + 1, 2 - j]")

@@ -480,10 +480,11 @@ def test_selection_feeds_convolution_outputs_channels_last():
 
 
 @pytest.mark.parametrize("fn", ["tanh", "sigmoid"])
-def test_transcendental_activation_after_an_eop_runs_in_torch(fn):
-    """tanh / sigmoid after an eOperator become its ``activation`` parameter (torch applies it
-    in place after the generated code) instead of being fused into the loop nest; the kernel's
-    expression stays f(inner) and the program matches it."""
+def test_transcendental_activation_after_an_eop_becomes_its_parameter(fn):
+    """tanh / sigmoid after an eOperator become its ``activation`` parameter (torch applies
+    sigmoid in place after the generated code; on the CPU the generated code computes tanh
+    itself, ``ollie.runtime.kernels.GENERATED_ACTIVATIONS``); the kernel's expression stays
+    f(inner) and the program matches it on both backends."""
     from ollie.match.eop import make_eop
     from ollie.program.postprocess import fuse_eops
     from ollie.program.program import Program

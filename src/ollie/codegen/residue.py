@@ -165,11 +165,11 @@ def split_nest(nest: Nest, buffers: dict[str, Buffer]) -> list[Nest]:
         return [nest]
     # the unsplit traversal loops enclose every residue nest (in their usual order), so a block
     # of input is read by all residues while it is in cache
-    first = [Nest(sc, nest.target, idx) for sc, idx in made]
+    first = [Nest(sc, nest.target, idx, post=nest.post) for sc, idx in made]
     unsplit = {it.name for it in scope.traversal} - {sp.t.name for sp in kept}
     trav, _ = loop_order(first[0], buffers)
     outer = tuple(it.name for it in trav if it.name in unsplit)
-    return [Nest(n.scope, n.target, n.out_index, outer) for n in first]
+    return [Nest(n.scope, n.target, n.out_index, outer, n.post) for n in first]
 
 
 def split_residues(plan: Plan) -> Plan:

@@ -7,8 +7,10 @@
   merging wherever that is exact, else it stays a nested scope computed inside the one kernel.
   Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
   fuse the same way; only a following tanh / sigmoid becomes the eOperator's ``activation``
-  parameter instead (torch applies it in place after the generated code: numba's scalar
-  ``tanh`` made DCGAN's last eOperator 3x slower).
+  parameter instead: the runtime applies it to the computed values, by torch in place after
+  the generated code (numba's scalar ``np.tanh`` made DCGAN's last eOperator 3x slower), or,
+  for tanh on the CPU, inside the generated code by a vectorised approximation
+  (:data:`ollie.runtime.kernels.GENERATED_ACTIVATIONS`).
 * **Epilogue fusion into convolutions**: an eOperator computing ``f(conv + bias[c] + r)``
   over the whole output of a convolution (a ``Conv`` kernel, or an original ``Conv2d`` /
   ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads, every part but
@@ -102,9 +104,9 @@ def fuse_eops(prog: Program) -> Program:
             fn = activation_of(c, p.output)
             fused = inline_nested(expression_fusion(c.expr, p.output, p.expr))
             if fn in TORCH_ACTIVATIONS and "activation" not in p.params:
-                # f(p) with f run by torch on p's output, in place (vectorised), not inside
-                # the generated loop nest (numba's scalar tanh took DCGAN b16's last eOp from
-                # 1.3 to 3.9 ms)
+                # f(p) with f applied by the runtime to p's values (torch in place, or the
+                # generated code's vectorised tanh), not by numba's scalar libm call per
+                # element (np.tanh took DCGAN b16's last eOp from 1.3 to 3.9 ms)
                 new = make_eop(fused.root, dict(fused.decls), c.output)
                 kernels[users[0]] = Kernel("eOp", {**new.params, "activation": fn},
                                            new.inputs, c.output, new.expr, ())
