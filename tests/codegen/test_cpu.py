@@ -190,6 +190,20 @@ def test_root_that_copies_a_summed_scope_has_no_nest_of_its_own(fn):
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
+def test_summations_of_one_value_are_dropped_and_the_scope_inlined():
+    """``Sum<y=0:1>`` is its one term: the scope has no summation left and is inlined (an
+    element-wise loop), also where that term reads out of bounds (0)."""
+    for text in ("M: [3, 5, 1, 1]\nL<i=0:3, j=0:5> relu({ L<a=0:3, b=0:5> Sum<y=0:1, x=0:1> "
+                 "M[a, b - y, y, x] }[i, j])",
+                 "M: [3, 5]\nL<i=0:3, j=0:5> { L<a=0:3, b=0:5> Sum<y=1:2> M[a, b + y] }[i, j]"
+                 " + M[i, j]"):
+        expr = ollie.parse(text)
+        plan = make_plan(expr)
+        assert plan.inlined == 1 and not plan.temps and len(plan.nests) == 1
+        assert not plan.nests[0].scope.summation
+        check(expr)
+
+
 def test_a_root_reading_its_scope_elsewhere_keeps_the_temporary():
     """A transposed read (or a scale) is not a copy: the scope stays a temporary."""
     for body in ("{ L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[j, i]",

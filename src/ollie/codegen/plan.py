@@ -16,6 +16,7 @@ their scope's traversal iterators).
   a buffer that is then out of its bounds as well, so the inlined read gives the same 0 (a
   re-indexing scope over padding, e.g. ``{L<t=2:226> C[t - 2]}[h + r]``). Inlining is skipped
   when it would recompute an expensive body many times per element (see :func:`_worth_inlining`);
+* a summation iterator of a single value is replaced by that value first;
 * any other nested scope is *materialised*: a loop nest (the same code generator) computes it
   into a float32 temporary before the nests that read it. Equal scopes are computed once.
 
@@ -179,16 +180,18 @@ class _Planner:
         self.inlined = 0
 
     def rewrite(self, scope: Scope) -> Scope:
-        """``scope`` with every read naming a buffer (nested scopes inlined or materialised)."""
+        """``scope`` with every read naming a buffer (nested scopes inlined or materialised)
+        and no summation iterator of a single value (:func:`_without_unit_sums`)."""
         done = self.rewritten.get(scope)
         if done is not None:
             return done
+        original, scope = scope, _without_unit_sums(scope)
 
         def visit(node: Node) -> Node | None:
             return self._access(node, scope) if isinstance(node, Access) else None
 
         out = Scope(scope.traversal, scope.summation, map_body(scope.body, visit))
-        self.rewritten[scope] = out
+        self.rewritten[original] = out
         return out
 
     def _access(self, acc: Access, reader: Scope) -> Node:
@@ -207,6 +210,24 @@ class _Planner:
             self.temps[inner] = buf
             self.nests.append(Nest(inner, buf))
         return Access(buf.ident, acc.indices)
+
+
+def _without_unit_sums(scope: Scope) -> Scope:
+    """``scope`` with each summation iterator of one value replaced by that value in its own
+    reads (a sum of one term is the term): DCGAN's first eOperator, ``relu({L<n, c, h, w>
+    Sum<y=0:1, x=0:1> M[n, c, h - y, w - x, y, x]}[n, c, h, w])``, then inlines to an
+    element-wise loop."""
+    unit = {it.name: it.lo for it in scope.summation if it.size == 1}
+    if not unit:
+        return scope
+
+    def visit(node: Node) -> Node | None:
+        if isinstance(node, Access):
+            return Access(node.source, tuple(i.subst(unit) for i in node.indices))
+        return None
+
+    return Scope(scope.traversal, tuple(it for it in scope.summation if it.name not in unit),
+                 map_body(scope.body, visit))
 
 
 def _inline(inner: Scope, acc: Access) -> Node:
