@@ -267,3 +267,50 @@ def test_winograd_transposed_conv_with_padded_channel_blocks_matches_the_interpr
         got = conv(x)
     assert got.shape == want.shape
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+def test_the_small_tile_is_offered_where_it_multiplies_less_or_the_weights_exceed_the_cache(
+        monkeypatch) -> None:
+    w3 = torch.zeros(8, 8, 3, 3)
+    parts = [(w3, (1, 1), 0)]
+    # 14x14 outputs: F(4x4, 3x3) 16 tiles x 36 < F(2x2, 3x3) 49 tiles x 16: only F(4x4)
+    assert winograd.tile_sizes(parts, (14, 14), 1) == [4]
+    # 2x2 outputs: one 4x4 tile (36 products) against one 2x2 tile (16)
+    assert winograd.tile_sizes(parts, (2, 2), 1) == [4, 2]
+    # transformed weights past the largest cache: 36 * 8 * 16 * 4 bytes > 1 KiB
+    import sys
+
+    monkeypatch.setattr(sys.modules["ollie.tune.measure"], "llc_bytes", lambda: 1024)
+    assert winograd.tile_sizes(parts, (14, 14), 1) == [4, 2]
+
+
+@needs_onednn
+@pytest.mark.parametrize(("k", "dil", "residual", "transposed"), [
+    (3, 1, True, False), (3, 2, False, False), (5, 1, True, False), (2, 1, False, False),
+    (4, 1, False, True)])
+def test_small_tiles_match_the_interpreter(monkeypatch, k, dil, residual, transposed) -> None:
+    # F(2x2, r x r) for every kernel size (the transposed case: its 2x2 phases), forced as the
+    # only tile tried
+    monkeypatch.setattr(winograd, "tile_sizes", lambda *a: [winograd.SMALL_TILE])
+    g = torch.Generator().manual_seed(k * 10 + dil)
+    c, f = 20, 17
+    x = torch.randn(2, c, 9, 11, generator=g)
+    b = torch.randn(f, generator=g)
+    if transposed:
+        w = torch.randn(c, f, k, k, generator=g)
+        conv = winograd.winograd_conv_transpose2d(w, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                                  (1, 1), b, activation="relu")
+        want = torch.from_numpy(_interpreted_transposed(x, w, 2, 1, 0))
+    else:
+        w = torch.randn(f, c, k, k, generator=g)
+        pad = dil * (k - 1) // 2
+        conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (pad, pad), (dil, dil), b,
+                                        activation="relu", residual=residual)
+        want = torch.from_numpy(_interpreted(x, w, pad, dil))
+    assert conv is not None
+    r = torch.randn(want.shape, generator=g)
+    want = torch.relu(want + b.reshape(1, -1, 1, 1) + (r if residual else 0))
+    with torch.inference_mode():
+        got = conv(x, r) if residual else conv(x)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())

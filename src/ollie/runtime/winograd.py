@@ -69,6 +69,18 @@ input being 9/4 of the input). ``F(2x2, 5x5)`` measured 2-4x slower than oneDNN 
 products 2.14 ms (about 380 GFLOP/s), output transform 0.92 ms. Larger tiles need points
 whose powers grow fast (worse rounding)."""
 
+SMALL_TILE = 2
+"""``F(2x2, r x r)`` is also built, and the faster of it and the :data:`TILE` form taken
+(:func:`_fastest_tile`: timed alone with cold caches, as every library choice), where the
+:data:`TILE` form's transformed weights exceed the largest CPU cache: its products do fewer
+multiplications but read ``(m + r - 1)**2`` weight matrices, which then come from memory on
+every call, against ``(r + 1)**2``; and where ``F(2x2)`` does fewer multiplications (outputs
+smaller than the tiles: InfoGAN's 448 -> 256 layer, 2x2 outputs per phase, b16: 0.77 against
+1.77 ms alone, cold). DCGAN's 512 -> 256 transposed convolution (4x4 input,
+b16; 52 MB of ``F(4x4, 2x2)`` weights, 19 MB of ``F(2x2, 2x2)``) ran the whole b16 program
+2-5% faster with ``F(2x2)`` (2026-11-24: 6.62 / 6.55 against 6.74 / 6.89 ms); the other
+layers, whose weights fit, ran slower with it (8.2-8.5 against 7.6-7.7 ms with all of them)."""
+
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
 """Transformed input plus products of all tiles up to ``WHOLE_BYTES``: one pass (one product
@@ -129,8 +141,11 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     r, dil = w.shape[-1], int(dilation[0])
     ho = input_shape[2] + 2 * padding[0] - dil * (r - 1)
     wo = input_shape[3] + 2 * padding[1] - dil * (r - 1)
-    conv = _build([(w, tuple(padding), 0)], b, input_shape, (ho, wo), dil, 1, activation,
-                  residual)
+    parts = [(w, tuple(padding), 0)]
+    conv = _fastest_tile(lambda m: _build(parts, b, input_shape, (ho, wo), dil, 1, activation,
+                                          residual, m),
+                         parts, input_shape, (ho, wo), dil,
+                         (input_shape[0], w.shape[0], ho, wo), residual)
     ref = onednn._post(activation, residual, lambda x: F.conv2d(
         x, w, b, 1, tuple(padding), (dil, dil)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
@@ -259,22 +274,67 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
             return None
         wp, lo = phases
         parts = [(wp, (lo, lo), 0)]
-    conv = _build(parts, b, input_shape, (hout // s, wout // s), 1, s, activation, residual)
+    conv = _fastest_tile(lambda m: _build(parts, b, input_shape, (hout // s, wout // s), 1, s,
+                                          activation, residual, m),
+                         parts, input_shape, (hout // s, wout // s), 1,
+                         (input_shape[0], w.shape[1], hout, wout), residual)
     ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
         x, w, b, s, p, tuple(output_padding)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
 
 
-def _build(parts: list[tuple[torch.Tensor, tuple[int, int], int]], b: torch.Tensor | None,
-           input_shape: tuple[int, ...], out_size: tuple[int, int], dil: int, s: int,
-           activation: str | None, residual: bool) -> onednn.Conv | None:
-    """The Winograd convolution over inputs of ``input_shape`` of ``parts``, each
-    ``(w, padding, ph0)``: weight ``w`` (``[P*K, C, r, r]``, the same ``r`` for all) computes
-    output phases ``ph0 .. ph0 + P - 1`` (phase ``ph``: outputs ``(s*u + ph // s, s*v + ph %
-    s)``, ``out_size`` of them per phase) from the input padded by ``padding`` on the top and
-    left; ``b``: the bias of the ``K`` output channels."""
+Part = tuple[torch.Tensor, tuple[int, int], int]
+
+
+def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[int]:
+    """The output tiles ``m`` to try for ``parts`` (:func:`_build`, outputs ``out_size`` per
+    phase): :data:`TILE`, and :data:`SMALL_TILE` where the :data:`TILE` form's transformed
+    weights exceed the largest CPU cache or its products do more multiplications (tiles
+    mostly past the output: a 2x2 output per phase, InfoGAN's 448 -> 256 layer)."""
+    from ollie.tune.measure import llc_bytes
+
     r = parts[0][0].shape[-1]
     m = TILE[r]
+    if m <= SMALL_TILE:
+        return [m]
+    rows = sum(w.shape[0] for w, _, _ in parts)
+    weight_bytes = 4 * (m + r - 1) ** 2 * rows * channel_block(parts[0][0].shape[1])
+
+    def products(t: int) -> int:
+        return _tiles(out_size[0], t, dil) * _tiles(out_size[1], t, dil) * (t + r - 1) ** 2
+
+    small = weight_bytes > llc_bytes() or products(SMALL_TILE) < products(m)
+    return [m, SMALL_TILE] if small else [m]
+
+
+def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
+                  out_size: tuple[int, int], dil: int, out_shape: tuple[int, ...],
+                  residual: bool) -> onednn.Conv | None:
+    """``build(m)`` for the one size of :func:`tile_sizes`, or the fastest of those built
+    (:func:`ollie.runtime.onednn.fastest`, cold caches; ``out_shape``: the output's, for the
+    residual input)."""
+    built = {m: build(m) for m in tile_sizes(parts, out_size, dil)}
+    usable = {f"F({m}x{m})": f for m, f in built.items() if f is not None}
+    if len(usable) <= 1:
+        return next(iter(usable.values()), None)
+    def probe() -> tuple[torch.Tensor, ...]:
+        x = torch.randn(input_shape)
+        return (x, torch.randn(out_shape)) if residual else (x,)
+
+    return onednn.fastest(usable, tuple(input_shape), None, probe)
+
+
+def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ...],
+           out_size: tuple[int, int], dil: int, s: int, activation: str | None,
+           residual: bool, m: int | None = None) -> onednn.Conv | None:
+    """The Winograd convolution ``F(m x m, r x r)`` (``m``: :data:`TILE` by default) over
+    inputs of ``input_shape`` of ``parts``, each ``(w, padding, ph0)``: weight ``w``
+    (``[P*K, C, r, r]``, the same ``r`` for all) computes output phases ``ph0 .. ph0 + P - 1``
+    (phase ``ph``: outputs ``(s*u + ph // s, s*v + ph % s)``, ``out_size`` of them per phase)
+    from the input padded by ``padding`` on the top and left; ``b``: the bias of the ``K``
+    output channels."""
+    r = parts[0][0].shape[-1]
+    m = TILE[r] if m is None else m
     nb, c = input_shape[0], input_shape[1]
     kp = max(w.shape[0] for w, _, _ in parts)
     k = parts[0][0].shape[0] * len(parts) // (s * s)

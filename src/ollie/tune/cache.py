@@ -24,7 +24,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
-RUNTIME_VERSION = 17
+RUNTIME_VERSION = 18
 """Bumped whenever kernels or the executor change in a way that changes measured times (it is
 part of every key, so measurements and decisions of an older runtime are not reused). 12:
 program-level comparisons settle before a spinning variant's samples (decisions timed before

@@ -164,7 +164,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _llc_bytes() -> int:
+def llc_bytes() -> int:
     """The largest CPU cache's size (Linux sysfs), 32 MiB when unknown."""
     from pathlib import Path
 
@@ -189,5 +189,5 @@ def evict_caches() -> None:
     next comes from memory, as a kernel's weights do in a program whose weights exceed the
     cache (every kernel runs once between two uses of its weights)."""
     if not _SCRATCH:
-        _SCRATCH.append(np.empty(int(1.5 * _llc_bytes()) // 4, dtype=np.float32))
+        _SCRATCH.append(np.empty(int(1.5 * llc_bytes()) // 4, dtype=np.float32))
     _SCRATCH[0].fill(1.0)  # numpy: no inference-mode restrictions
