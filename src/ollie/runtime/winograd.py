@@ -78,8 +78,9 @@ every call, against ``(r + 1)**2``; and where ``F(2x2)`` does fewer multiplicati
 smaller than the tiles: InfoGAN's 448 -> 256 layer, 2x2 outputs per phase, b16: 0.77 against
 1.77 ms alone, cold). DCGAN's 512 -> 256 transposed convolution (4x4 input,
 b16; 52 MB of ``F(4x4, 2x2)`` weights, 19 MB of ``F(2x2, 2x2)``) ran the whole b16 program
-2-5% faster with ``F(2x2)`` (2026-11-24: 6.62 / 6.55 against 6.74 / 6.89 ms); the other
-layers, whose weights fit, ran slower with it (8.2-8.5 against 7.6-7.7 ms with all of them)."""
+2-5% faster with ``F(2x2)`` there (2026-11-24: 6.62 / 6.55 against 6.74 / 6.89 ms); with
+``F(2x2)`` on every layer, whose weights fit otherwise, it ran slower (8.2-8.5 against 7.6-7.7
+ms, 2026-11-23, the first transforms)."""
 
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
@@ -317,6 +318,7 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
     usable = {f"F({m}x{m})": f for m, f in built.items() if f is not None}
     if len(usable) <= 1:
         return next(iter(usable.values()), None)
+
     def probe() -> tuple[torch.Tensor, ...]:
         x = torch.randn(input_shape)
         return (x, torch.randn(out_shape)) if residual else (x,)
