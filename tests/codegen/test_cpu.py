@@ -25,7 +25,7 @@ from ollie.codegen import compile_eop
 from ollie.codegen.cpu import compile_cpu, generate_source
 from ollie.codegen.plan import make_plan
 from ollie.errors import ShapeError, UnsupportedError
-from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Scope, neg
+from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Node, Scope, neg, var
 from ollie.semantics import random_inputs
 from ollie.semantics.check import _compare_arrays
 from ollie.testing.strategies import exprs, index_exprs, iters, scopes
@@ -89,6 +89,25 @@ def padded_exprs(draw) -> Expr:
     elif kind == 3:
         body = BinOp("+", Call("relu", (body,)), BinOp("*", read(), Const(2.0)))
     return Expr((("A", shape),), Scope(trav, summ, body))
+
+
+@st.composite
+def wrapped_exprs(draw) -> Expr:
+    """``f(S[i, j, ...])`` over ``S``'s own ranges for a random scope ``S`` (summations of
+    one value among its iterators now and then) and ``f`` none or a unary function: the root
+    a nest may absorb (``ollie.codegen.plan._forward``)."""
+    decls = {"A": tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))}
+    inner = draw(scopes(decls, depth=1, max_sum=2))
+    read: Node = Access(inner, tuple(var(it.name) for it in inner.traversal))
+    fn = draw(st.sampled_from([None, "relu", "tanh", "abs", "exp"]))
+    body = read if fn is None else Call(fn, (read,))
+    return Expr(tuple(decls.items()), Scope(inner.traversal, (), body))
+
+
+@settings(max_examples=30, deadline=None)
+@given(wrapped_exprs())
+def test_random_wrapped_scopes_match_interpreter(expr):
+    check(expr, seed=5)
 
 
 @settings(max_examples=20, deadline=None)
