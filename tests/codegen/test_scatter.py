@@ -214,3 +214,33 @@ def test_scatter_kernel_zeroed_beforehand_compiles_and_matches(tmp_path):
     module.run(inputs["T"].reshape(-1), out)
     np.testing.assert_allclose(out.reshape(expr.shape), ollie.interpret(expr, inputs),
                                rtol=1e-5, atol=1e-5)
+
+
+def _wrapped(fn: str | None) -> str:
+    """:data:`SCOPED_TRANSPOSE_ADD` read whole by a root, through ``fn`` if given."""
+    read = ("{ L<n=0:2, c=0:3, h=0:8, w=0:6> Sum<y=0:4, x=0:3> "
+            "{ L<n=0:2, c=0:3, t=-1:3, u=-1:3, y=0:4, x=0:3> T[n, y, x, c, t + 1, u + 1] }"
+            "[n, c, h - 2*y, w - 2*x, y, x] }[n, c, h, w]")
+    return "T: [2, 4, 3, 3, 4, 4]\nL<n=0:2, c=0:3, h=0:8, w=0:6> " + \
+        (f"{fn}({read})" if fn else read)
+
+
+@pytest.mark.parametrize("fn", [None, "tanh", "relu"])
+def test_a_root_applying_a_function_to_a_selective_sum_keeps_it(tmp_path, fn):
+    """``f({selective sum}[n, c, h, w])``: the sum's nest writes the output and applies ``f``
+    (the root is forwarded), so the flattened form, which is the nest's scope only, exists
+    only without ``f``; the kernel (either form, whichever is faster) matches the
+    interpreter."""
+    from ollie.codegen.scatter import flattened
+
+    expr = ollie.parse(_wrapped(fn))
+    inputs = random_inputs(expr, seed=6)
+    want = ollie.interpret(expr, inputs)
+    flat = flattened(expr)
+    if fn is None:
+        assert flat is not None
+        np.testing.assert_allclose(ollie.interpret(flat, inputs), want, rtol=1e-6, atol=1e-6)
+    else:
+        assert flat is None
+    kernel = compile_cpu(expr, cache_dir=tmp_path)
+    np.testing.assert_allclose(kernel(inputs), want, rtol=1e-5, atol=1e-5)

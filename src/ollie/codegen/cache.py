@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-CODEGEN_VERSION = 20
+CODEGEN_VERSION = 21
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 

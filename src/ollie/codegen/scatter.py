@@ -110,8 +110,8 @@ def flattened(expr: Expr) -> Expr | None:
     from ollie.ir import Scope, map_body
 
     plan = make_plan(expr)
-    if len(plan.nests) != 1 or not plan.inlined:
-        return None
+    if len(plan.nests) != 1 or not plan.inlined or plan.nests[0].post is not None:
+        return None  # (a function the nest applies as it stores is not part of its scope)
     names = {b.ident: b.input_name for b in plan.inputs}
     scope = plan.nests[0].scope
 
