@@ -33,7 +33,8 @@ write into reused buffers (large outputs no longer page-faulted in on every call
 wide G2BMM / GBMM path works in cache-sized batch chunks. 15: Winograd convolutions (a new
 per-operator candidate and program-level choice). 16: Winograd transposed convolutions per
 output phase; the program-level choice "Winograd wherever it applies". 17: Winograd transforms
-as vectorised column and row passes (1.03-1.8x faster convolutions)."""
+as vectorised column and row passes (1.03-1.8x faster convolutions). 18: Winograd convolutions
+choose between F(4x4) and F(2x2) tiles; tanh computed in generated eOperator code."""
 
 
 def device_key(device: str) -> str:
