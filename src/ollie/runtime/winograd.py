@@ -146,7 +146,9 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     conv = _fastest_tile(lambda m: _build(parts, b, input_shape, (ho, wo), dil, 1, activation,
                                           residual, m),
                          parts, input_shape, (ho, wo), dil,
-                         (input_shape[0], w.shape[0], ho, wo), residual)
+                         (input_shape[0], w.shape[0], ho, wo), residual,
+                         ("Conv2d", tuple(w.shape), tuple(input_shape), tuple(padding), dil,
+                          b is None, activation, residual))
     ref = onednn._post(activation, residual, lambda x: F.conv2d(
         x, w, b, 1, tuple(padding), (dil, dil)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
@@ -278,7 +280,9 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
     conv = _fastest_tile(lambda m: _build(parts, b, input_shape, (hout // s, wout // s), 1, s,
                                           activation, residual, m),
                          parts, input_shape, (hout // s, wout // s), 1,
-                         (input_shape[0], w.shape[1], hout, wout), residual)
+                         (input_shape[0], w.shape[1], hout, wout), residual,
+                         ("ConvTranspose2d", tuple(w.shape), tuple(input_shape), s, p,
+                          tuple(output_padding), b is None, activation, residual))
     ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
         x, w, b, s, p, tuple(output_padding)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
@@ -310,12 +314,19 @@ def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[i
 
 def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
                   out_size: tuple[int, int], dil: int, out_shape: tuple[int, ...],
-                  residual: bool) -> onednn.Conv | None:
+                  residual: bool, key: tuple) -> onednn.Conv | None:
     """``build(m)`` for the one size of :func:`tile_sizes`, or the fastest of those built
     (:func:`ollie.runtime.onednn.fastest`, cold caches; ``out_shape``: the output's, for the
-    residual input)."""
-    built = {m: build(m) for m in tile_sizes(parts, out_size, dil)}
-    usable = {f"F({m}x{m})": f for m, f in built.items() if f is not None}
+    residual input). The choice is remembered per ``key`` (the convolution's configuration):
+    a later build for it builds only the chosen tile."""
+    names = {f"F({m}x{m})": m for m in tile_sizes(parts, out_size, dil)}
+    key = ("Winograd tile", *key)
+    chosen = onednn._CHOICES.get(key)
+    if chosen in names:
+        conv = build(names[chosen])
+        if conv is not None:
+            return conv
+    usable = {n: f for n, m in names.items() if (f := build(m)) is not None}
     if len(usable) <= 1:
         return next(iter(usable.values()), None)
 
@@ -323,7 +334,7 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
         x = torch.randn(input_shape)
         return (x, torch.randn(out_shape)) if residual else (x,)
 
-    return onednn.fastest(usable, tuple(input_shape), None, probe)
+    return onednn.fastest(usable, tuple(input_shape), key, probe)
 
 
 def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ...],
