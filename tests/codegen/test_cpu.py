@@ -223,11 +223,25 @@ def test_summations_of_one_value_are_dropped_and_the_scope_inlined():
         check(expr)
 
 
-def test_a_root_reading_its_scope_elsewhere_keeps_the_temporary():
-    """A transposed read (or a scale) is not a copy: the scope stays a temporary."""
-    for body in ("{ L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[j, i]",
-                 "{ L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[i, j] * 2"):
-        expr = ollie.parse(f"A: [4, 6]\nL<i=0:4, j=0:4> {body}")
+def test_a_scope_read_once_takes_over_the_nested_sum_and_others_keep_the_temporary():
+    """A body that is one read of a summed scope, each element read at most twice, becomes
+    one nest summing both (``Sum_x {Sum_y g}[idx] = Sum_x Sum_y g(idx, y)``, here a
+    transposed read and a stride-2 selective add); a scaled read, or a scope read many times
+    per element, stays a temporary."""
+    merged = ("A: [4, 6]\nL<i=0:4, j=0:4> { L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[j, i]",
+              "T: [2, 4, 3, 4]\nL<n=0:2, h=0:8> Sum<y=0:4> "
+              "{ L<n=0:2, t=-1:3, y=0:4> Sum<c=0:3> T[n, y, c, t + 1] }[n, h - 2*y, y]")
+    for text in merged:
+        expr = ollie.parse(text)
+        plan = make_plan(expr)
+        assert not plan.temps and len(plan.nests) == 1
+        assert len(plan.nests[0].scope.summation) == len(expr.root.summation) + 1
+        check(expr)
+    kept = ("A: [4, 6]\nL<i=0:4, j=0:4> { L<a=0:4, b=0:4> Sum<c=0:6> A[a, c] * A[b, c] }[i, j]"
+            " * 2",
+            "A: [4, 6]\nL<i=0:4> Sum<k=0:4> { L<a=0:4> Sum<c=0:6> A[a, c] }[k]")
+    for text in kept:
+        expr = ollie.parse(text)
         assert len(make_plan(expr).temps) == 1
         check(expr)
 

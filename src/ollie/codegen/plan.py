@@ -17,6 +17,9 @@ their scope's traversal iterators).
   re-indexing scope over padding, e.g. ``{L<t=2:226> C[t - 2]}[h + r]``). Inlining is skipped
   when it would recompute an expensive body many times per element (see :func:`_worth_inlining`);
 * a summation iterator of a single value is replaced by that value first;
+* a scope whose body is one read of a nested scope with summation takes over the nested sum
+  (:meth:`_Planner._merged`: ``Sum_x {Sum_y g}[idx] = Sum_x Sum_y g(idx, y)``) where that is
+  exact and does no more work;
 * any other nested scope is *materialised*: a loop nest (the same code generator) computes it
   into a float32 temporary before the nests that read it. Equal scopes are computed once.
 
@@ -186,6 +189,10 @@ class _Planner:
         if done is not None:
             return done
         original, scope = scope, _without_unit_sums(scope)
+        merged = self._merged(scope)
+        if merged is not None:
+            self.rewritten[original] = merged
+            return merged
 
         def visit(node: Node) -> Node | None:
             return self._access(node, scope) if isinstance(node, Access) else None
@@ -193,6 +200,44 @@ class _Planner:
         out = Scope(scope.traversal, scope.summation, map_body(scope.body, visit))
         self.rewritten[original] = out
         return out
+
+    def _merged(self, scope: Scope) -> Scope | None:
+        """``scope`` (its reads naming buffers) with its body's one read of a nested scope
+        ``{L<t...> Sum<y...> g}[idx]`` replaced by ``g`` at ``t = idx`` and its summation
+        iterators added to ``scope``'s (renamed apart): ``Sum_x {Sum_y g}[idx(x)] = Sum_x
+        Sum_y g(idx(x), y)`` where every read is in range or ``g`` is then a read out of
+        bounds too (:func:`_inlinable`), and ``scope`` reads each element of the nested scope
+        at most twice on average (:func:`_effective_points`; a selective add after a
+        re-layout: one nest instead of two, no temporary). None when it does not apply."""
+        acc = scope.body
+        if not isinstance(acc, Access) or not isinstance(acc.source, Scope) or \
+                not acc.source.summation:
+            return None
+        inner = self.rewrite(acc.source)
+        buffers = {b.ident: b for b in (*self.inputs.values(), *self.temps.values())}
+        if not inner.summation or not _inlinable(acc, inner, scope, buffers) or \
+                _effective_points(scope, acc, inner) > 2 * prod(inner.shape):
+            return None
+        taken = {it.name for it in scope.iters} | {it.name for it in inner.iters}
+        renamed = []
+        for it in inner.summation:
+            name = it.name
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            renamed.append(Iter(name, it.lo, it.hi))
+        sub = {it.name: idx for it, idx in zip(inner.traversal, acc.indices, strict=True)}
+        sub |= {it.name: var(new.name) for it, new in zip(inner.summation, renamed,
+                                                           strict=True)}
+
+        def visit(node: Node) -> Node | None:
+            if isinstance(node, Access):
+                return Access(node.source, tuple(i.subst(sub) for i in node.indices))
+            return None
+
+        self.inlined += 1
+        return Scope(scope.traversal, (*scope.summation, *renamed),
+                     map_body(inner.body, visit))
 
     def _access(self, acc: Access, reader: Scope) -> Node:
         if isinstance(acc.source, str):
@@ -210,6 +255,22 @@ class _Planner:
             self.temps[inner] = buf
             self.nests.append(Nest(inner, buf))
         return Access(buf.ident, acc.indices)
+
+
+def _effective_points(reader: Scope, acc: Access, inner: Scope) -> int:
+    """Points of ``reader`` whose read ``acc`` of ``inner`` can be in range: each summation
+    iterator counts at most the values that keep some index it appears in (linearly, with
+    coefficient ``a``) inside ``inner``'s range of that dimension (``ceil(size / |a|)``: the
+    generated loops clamp or mask the rest)."""
+    points = prod(it.size for it in reader.traversal)
+    for it in reader.summation:
+        trips = it.size
+        for idx, dim in zip(acc.indices, inner.traversal, strict=True):
+            a = idx.coef(it.name) if idx.is_linear else 0
+            if a:
+                trips = min(trips, -(-dim.size // abs(a)))
+        points *= trips
+    return points
 
 
 def _without_unit_sums(scope: Scope) -> Scope:
