@@ -445,15 +445,37 @@ def test_residue_split_selective_adds(text):
     check(expr)
 
 
-def test_residue_split_not_applied_without_implied_range_or_long_quotients():
+def test_residue_split_not_applied_without_implied_range():
     # y's range is narrower than the dimension it indexes: no split (still exact)
     text = "Y: [4, 6]\nL<h=0:4> Sum<y=1:3> Y[y, h + 1 - 2*y]"
     assert "residue" not in generate_source(ollie.parse(text))
     check(text)
+
+
+def test_residue_split_applies_to_long_quotient_loops():
+    # 14 values per residue class (a non-affine index in another dimension stays as written)
     text = """Y: [16, 14, 4]
         L<h=0:28> Sum<y=0:14> Y[h % 16, y, h + 1 - 2*y]"""
-    assert "residue" not in generate_source(ollie.parse(text))
+    src = generate_source(ollie.parse(text))
+    assert "nest_1(" in src and "% 8" in src, src  # two residue nests; (2*hq + r) % 16
     check(text)
+
+
+def test_a_residue_group_runs_in_parallel_when_its_nests_together_are_large_enough():
+    # DCGAN b16's last selective add: each of the 4 residue nests has 196,608 points, under
+    # PARALLEL_MIN_POINTS (2**18), the group's one loop 786,432: it must be a prange
+    text = """T: [16, 32, 32, 3, 4, 4]
+        L<n=0:16, c=0:3, h=0:64, w=0:64> Sum<y=0:32, x=0:32>
+            T[n, y, x, c, h - 2*y + 1, w - 2*x + 1]"""
+    src = generate_source(ollie.parse(text))
+    assert "3 more residue nest" in src and "parallel=True" in src and "prange(" in src, src
+    check(text)
+    # a small group stays serial
+    small = """T: [2, 4, 4, 3, 4, 4]
+        L<n=0:2, c=0:3, h=0:8, w=0:8> Sum<y=0:4, x=0:4> T[n, y, x, c, h - 2*y + 1, w - 2*x + 1]"""
+    src = generate_source(ollie.parse(small))
+    assert "more residue nest" in src and "parallel=False" in src, src
+    check(small)
 
 
 @pytest.mark.parametrize("text", [

@@ -314,8 +314,8 @@ def analyse(nest: Nest, buffers: dict[str, Buffer]) -> NestInfo:
     """Classify the reads of ``nest`` (see the module docstring) and plan its loops.
 
     ``nest.outer`` iterators go outermost and only they are fused into the parallel loop (the
-    function is shared by the residue nests of one nest; each nest's own points decide whether
-    it runs in parallel: a residue nest evaluates only taps that can be in bounds)."""
+    function is shared by the residue nests of one nest; whether it runs in parallel is then
+    decided for the group by :func:`ollie.codegen.cpu.analyse_plan`)."""
     scope = nest.scope
     raw, oflat = _flats(nest, buffers)
     trav, summation = _loop_orders(scope, list(raw.values()), oflat)

@@ -33,12 +33,13 @@ import os
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from math import prod
 from pathlib import Path
 
 import numpy as np
 
-from ollie.codegen.analysis import FLOAT64_TERMS, NestInfo, analyse
+from ollie.codegen.analysis import FLOAT64_TERMS, PARALLEL_MIN_POINTS, NestInfo, analyse
 from ollie.codegen.cache import (
     decls_key,
     default_cache_dir,
@@ -180,9 +181,26 @@ def choose_source(expr: Expr, canonical: str | None = None) -> str:
 
 
 def analyse_plan(plan: Plan) -> list[NestInfo]:
-    """Range analysis of every nest of ``plan``."""
+    """Range analysis of every nest of ``plan``. The residue nests of one nest (consecutive,
+    with the same non-empty ``outer``) are emitted as one function with one fused loop, so
+    whether that loop runs in parallel is decided by their points together: each residue nest
+    alone can fall under :data:`~ollie.codegen.analysis.PARALLEL_MIN_POINTS` while the group
+    does not (DCGAN b16's last selective add, 4 x 196,608 points, ran serially)."""
     buffers = plan.buffers
-    return [analyse(nest, buffers) for nest in plan.nests]
+    infos = [analyse(nest, buffers) for nest in plan.nests]
+    k = 0
+    while k < len(infos):
+        j = k + 1
+        outer = plan.nests[k].outer
+        while outer and j < len(infos) and plan.nests[j].outer == outer:
+            j += 1
+        group = infos[k:j]
+        items = group[0].xblocks * prod(it.size for it in group[0].outer[:group[0].fused])
+        points = sum(prod(it.size for it in info.scope.iters) for info in group)
+        parallel = points >= PARALLEL_MIN_POINTS and items > 1
+        infos[k:j] = [replace(info, parallel=parallel) for info in group]
+        k = j
+    return infos
 
 
 def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> CompiledKernel:

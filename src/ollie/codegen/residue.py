@@ -17,7 +17,24 @@ range, so extending ``d`` past it adds exact zeros. Each residue nest writes its
 elements through :attr:`~ollie.codegen.plan.Nest.out_index`.
 
 Measured on the InfoGAN [16,256,4,4] selective add (2x2 taps, stride 2): 9x faster than the
-clamped and masked summation.
+clamped and masked summation. Long quotient loops are split too (there used to be a limit of 4
+values per residue class, from a measurement made while a residue group whose nests each fell
+under :data:`~ollie.codegen.analysis.PARALLEL_MIN_POINTS` ran serially). With the residue
+nests in one parallel loop (2026-11-24, 2 cores, ``T[n, c, h - 2*y + 1, w - 2*x + 1, y, x]``
+summed over ``y, x``, NCHW taps-major input / NHWC, warm ms; scratch script ``resq3.py``):
+
+====================  ==============  ==============
+output                clamped         split
+====================  ==============  ==============
+[16,64,28,28]         0.487 / 0.309   0.206 / 0.285
+[16,3,64,64]          0.102 / 0.087   0.035 / 0.084
+[16,128,16,16]        0.387 / 0.204   0.176 / 0.212
+[16,32,128,128]       9.48 / 25.4     5.51 / 23.3
+[16,16,224,224]       25.3 / 48.5     9.34 / 39.7
+====================  ==============  ==============
+
+With the input evicted from the caches first the split form was as fast or faster in 9 of the
+10 cases (NHWC [16,128,16,16]: 0.763 against 0.664 ms).
 """
 
 from __future__ import annotations
@@ -31,13 +48,6 @@ from ollie.ir import Access, Affine, Iter, Node, Scope, map_body, var
 
 MAX_RESIDUE_NESTS = 16
 """At most this many residue nests replace one nest (the product of the split strides)."""
-
-MAX_QUOTIENT = 4
-"""A traversal iterator is split only when each residue class has at most this many values.
-Every residue nest reads the lines of input its taps touch, so long quotient loops cost more
-passes over the input than the clamps they save: measured on [16,64,28,28] (14 values per
-class) 1.8 ms split against 1.25 ms clamped; on [16,256,4,4] (2 values) 24 us against 198 us."""
-
 
 @dataclass(frozen=True, slots=True)
 class _Split:
@@ -84,7 +94,7 @@ def _find(scope: Scope, acc: Access, buf: Buffer) -> list[_Split]:
             continue
         t, s = trav[ts[0]], summ[ss[0]]
         a, c = idx.coef(t.name), idx.coef(s.name)
-        if c % a or abs(c // a) < 2 or t.size < 2 or t.size > MAX_QUOTIENT * abs(c // a):
+        if c % a or abs(c // a) < 2 or t.size < 2:
             continue
         bounds = _implied(acc, buf, s)
         if bounds is None:
