@@ -209,6 +209,37 @@ def test_root_that_copies_a_summed_scope_has_no_nest_of_its_own(fn):
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("fn", "separate"), [("tanh", True), ("relu", False), ("abs", False)])
+def test_tanh_of_residue_nests_is_a_pass_of_its_own(fn, separate):
+    """``tanh`` of a strided selective sum (residue nests: strided writes, scalar loops) is
+    applied by one flat pass over the output after the nests (a loop LLVM vectorises), with the
+    same float32 arithmetic as when fused; cheap functions stay fused. NaN and inf propagate
+    as in the interpreter."""
+    body = "Sum<y=0:4, x=0:4> T[n, y, x, c, h - 2*y + 1, w - 2*x + 1]"
+    it = "L<n=0:2, c=0:3, h=0:8, w=0:8>"
+    expr = ollie.parse(f"T: [2, 4, 4, 3, 4, 4]\n{it} {fn}({{ {it} {body} }}[n, c, h, w])")
+    src = generate_source(expr)
+    assert "more residue nest" in src
+    assert ("def post_0(out)" in src) == separate and ("post_0(out)\n" in src) == separate
+    check(expr)
+    t = random_inputs(expr, 3)["T"]
+    t[0, 1, 2, 1, 0, 0], t[1, 3, 0, 2, 1, 2], t[0, 0, 0, 0, 1, 1] = np.nan, np.inf, -np.inf
+    got = compile_cpu(expr)({"T": t})
+    want = ollie.interpret(expr, {"T": t})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+    # residue nests summing 4096 terms (2x2 taps of 1024 channels) accumulate in float64:
+    # tanh stays fused (a pass would apply it to the sum rounded to float32)
+    wide = ollie.parse("T: [1, 2, 2, 1024, 4, 4]\nL<n=0:1, h=0:4, w=0:4> tanh("
+                       "{ L<n=0:1, h=0:4, w=0:4> Sum<y=0:2, x=0:2, k=0:1024> "
+                       "T[n, y, x, k, h - 2*y + 1, w - 2*x + 1] }[n, h, w])")
+    src = generate_source(wide)
+    assert "residue" in src and "def post_0" not in src and "float64" in src, src
+    check(wide)
+
+
 def test_summations_of_one_value_are_dropped_and_the_scope_inlined():
     """``Sum<y=0:1>`` is its one term: the scope has no summation left and is inlined (an
     element-wise loop), also where that term reads out of bounds (0)."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-CODEGEN_VERSION = 23
+CODEGEN_VERSION = 24
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 
