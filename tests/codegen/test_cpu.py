@@ -45,6 +45,14 @@ def check(expr: Expr | str, inputs=None, seed: int = 0) -> np.ndarray:
     return got
 
 
+def assert_matches_with_specials(got: np.ndarray, want: np.ndarray) -> None:
+    """NaN where the interpreter gives NaN, the same infinities, finite values close."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------- random expressions
 @st.composite
 def nested_exprs(draw) -> Expr:
@@ -201,12 +209,7 @@ def test_root_that_copies_a_summed_scope_has_no_nest_of_its_own(fn):
     check(expr)
     a = random_inputs(expr, 1)["A"]
     a[1, 2], a[2, 0], a[3, 5] = np.nan, np.inf, -np.inf
-    got = compile_cpu(expr)({"A": a})
-    want = ollie.interpret(expr, {"A": a})
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    finite = np.isfinite(want)
-    np.testing.assert_array_equal(got[~finite], want[~finite])
-    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+    assert_matches_with_specials(compile_cpu(expr)({"A": a}), ollie.interpret(expr, {"A": a}))
 
 
 @pytest.mark.parametrize(("fn", "separate"), [("tanh", True), ("relu", False), ("abs", False)])
@@ -224,12 +227,7 @@ def test_tanh_of_residue_nests_is_a_pass_of_its_own(fn, separate):
     check(expr)
     t = random_inputs(expr, 3)["T"]
     t[0, 1, 2, 1, 0, 0], t[1, 3, 0, 2, 1, 2], t[0, 0, 0, 0, 1, 1] = np.nan, np.inf, -np.inf
-    got = compile_cpu(expr)({"T": t})
-    want = ollie.interpret(expr, {"T": t})
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    finite = np.isfinite(want)
-    np.testing.assert_array_equal(got[~finite], want[~finite])
-    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+    assert_matches_with_specials(compile_cpu(expr)({"T": t}), ollie.interpret(expr, {"T": t}))
     # residue nests summing 4096 terms (2x2 taps of 1024 channels) accumulate in float64:
     # tanh stays fused (a pass would apply it to the sum rounded to float32)
     wide = ollie.parse("T: [1, 2, 2, 1024, 4, 4]\nL<n=0:1, h=0:4, w=0:4> tanh("

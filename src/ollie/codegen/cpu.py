@@ -50,7 +50,7 @@ from ollie.codegen.cache import (
 )
 from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
-from ollie.codegen.plan import Plan, make_plan
+from ollie.codegen.plan import Plan, make_plan, residue_groups
 from ollie.codegen.residue import split_residues
 from ollie.codegen.scatter import emit_scatter_module, flattened, scatter_form
 from ollie.fingerprint import canonical_form, fingerprint
@@ -188,18 +188,12 @@ def analyse_plan(plan: Plan) -> list[NestInfo]:
     does not (DCGAN b16's last selective add, 4 x 196,608 points, ran serially)."""
     buffers = plan.buffers
     infos = [analyse(nest, buffers) for nest in plan.nests]
-    k = 0
-    while k < len(infos):
-        j = k + 1
-        outer = plan.nests[k].outer
-        while outer and j < len(infos) and plan.nests[j].outer == outer:
-            j += 1
+    for k, j in residue_groups(plan.nests):
         group = infos[k:j]
         items = group[0].xblocks * prod(it.size for it in group[0].outer[:group[0].fused])
         points = sum(prod(it.size for it in info.scope.iters) for info in group)
         parallel = points >= PARALLEL_MIN_POINTS and items > 1
         infos[k:j] = [replace(info, parallel=parallel) for info in group]
-        k = j
     return infos
 
 

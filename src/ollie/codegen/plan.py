@@ -303,6 +303,22 @@ def _inline(inner: Scope, acc: Access) -> Node:
     return map_body(inner.body, visit)
 
 
+def residue_groups(nests: tuple[Nest, ...] | list[Nest]) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges of ``nests`` emitted as one function each: consecutive
+    nests with the same non-empty :attr:`Nest.outer` (the residue nests of one nest), or one
+    nest alone."""
+    ranges = []
+    k = 0
+    while k < len(nests):
+        j = k + 1
+        outer = nests[k].outer
+        while outer and j < len(nests) and nests[j].outer == outer:
+            j += 1
+        ranges.append((k, j))
+        k = j
+    return ranges
+
+
 def make_plan(expr: Expr) -> Plan:
     """The loop nests computing ``expr`` (see the module docstring)."""
     planner = _Planner(expr)
