@@ -20,21 +20,22 @@ Measured on the InfoGAN [16,256,4,4] selective add (2x2 taps, stride 2): 9x fast
 clamped and masked summation. Long quotient loops are split too (there used to be a limit of 4
 values per residue class, from a measurement made while a residue group whose nests each fell
 under :data:`~ollie.codegen.analysis.PARALLEL_MIN_POINTS` ran serially). With the residue
-nests in one parallel loop (2026-11-24, 2 cores, ``T[n, c, h - 2*y + 1, w - 2*x + 1, y, x]``
-summed over ``y, x``, NCHW taps-major input / NHWC, warm ms; scratch script ``resq3.py``):
+nests in one parallel loop (``benchmarks/selective_add.py``, 2026-11-24, 2 cores, results in
+``benchmarks/results/selective_add.md``), warm ms, clamped -> split:
 
 ====================  ==============  ==============
-output                clamped         split
+output                taps-major      channels-last
 ====================  ==============  ==============
-[16,64,28,28]         0.487 / 0.309   0.206 / 0.285
-[16,3,64,64]          0.102 / 0.087   0.035 / 0.084
-[16,128,16,16]        0.387 / 0.204   0.176 / 0.212
-[16,32,128,128]       9.48 / 25.4     5.51 / 23.3
-[16,16,224,224]       25.3 / 48.5     9.34 / 39.7
+[16,64,28,28]         0.768 -> 0.241  0.339 -> 0.322
+[16,3,64,64]          0.106 -> 0.037  0.093 -> 0.093
+[16,128,16,16]        0.411 -> 0.190  0.228 -> 0.228
+[16,32,128,128]       10.1 -> 5.68    25.5 -> 27.8
+[16,16,224,224]       28.7 -> 7.96    50.7 -> 43.2
 ====================  ==============  ==============
 
-With the input evicted from the caches first the split form was as fast or faster in 9 of the
-10 cases (NHWC [16,128,16,16]: 0.763 against 0.664 ms).
+Taps-major reads (a Matmul's output) gain 1.8-3.6x; channels-last reads (a oneDNN 1x1
+convolution's NHWC output, strided by the channels) are within -9% to +17%, and within -3% to
++20% with the input evicted from the caches first.
 """
 
 from __future__ import annotations
