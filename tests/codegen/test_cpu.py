@@ -279,7 +279,7 @@ def test_a_scope_read_once_takes_over_the_nested_sum_and_others_keep_the_tempora
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
                 max_size=64))
 def test_generated_tanh_is_within_8_ulps(values):
-    """The vectorisable ``tanh`` of the generated code (``ollie.codegen.emit.TANH_PADE``):
+    """The vectorisable ``tanh`` of the generated code (``ollie.codegen.body.TANH_PADE``):
     within 8 float32 ulps (or 3e-7 absolute) of numpy's, NaN stays NaN, +-inf gives +-1."""
     a = np.array(values, np.float32)
     got = compile_cpu(ollie.parse(f"A: [{a.size}]\nL<i=0:{a.size}> tanh(A[i])"))({"A": a})

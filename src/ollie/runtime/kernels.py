@@ -131,7 +131,7 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
 
 GENERATED_ACTIVATIONS = ("tanh",)
 """Activation parameters of an eOperator that its generated CPU code computes itself
-(:data:`ollie.codegen.emit.TANH_PADE`: vectorised): DCGAN b16's last eOperator (a selective
+(:data:`ollie.codegen.body.TANH_PADE`: vectorised): DCGAN b16's last eOperator (a selective
 add of [16, 3, 64, 64] with tanh, 2026-11-24) took 0.352 / 0.355 ms as the generated add plus
 torch's ``tanh_`` (``tanh_`` alone: 0.192 ms on those values), 0.318 / 0.319 with tanh in the
 generated code. Sigmoid stays with torch (numba's ``np.exp`` is a scalar libm call)."""
