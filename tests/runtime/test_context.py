@@ -94,7 +94,7 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
         answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
         calls = []
 
-        def scripted(choices, runner, spinning=(), answers=answers, calls=calls):
+        def scripted(choices, runner, spinning=(), rounds=0, answers=answers, calls=calls):
             calls.append(list(choices))
             for c in choices:
                 assert runner(c) is not None
@@ -107,11 +107,37 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
         assert ("not confirmed" in out.note) == (kept == start)
 
 
+def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch):
+    """Scripted timings: "a" and "b" each measure within the margin ("b" 0.5% slower, within
+    NOISE), "c" clearly slower; the second comparison times "a" (the best single) and "a"
+    with "b" together, and keeps the pair when it wins by the margin."""
+    assemble, feeds, want = _setup(monkeypatch)
+    start = frozenset()
+    a, b, c, ab = (frozenset(x) for x in ({"a"}, {"b"}, {"c"}, {"a", "b"}))
+    answers = iter([{start: 1.0, a: 0.99, b: 1.005, c: 1.05}, {start: 1.0, a: 0.99, ab: 0.95}])
+    calls = []
+
+    def scripted(choices, runner, spinning=(), rounds=0):
+        calls.append((list(choices), rounds))
+        assert all(runner(c) is not None for c in choices)
+        return next(answers)
+
+    monkeypatch.setattr(context, "_time", scripted)
+    out = refine(assemble, _groups("a", "b", "c"), start, "per operator", feeds, want, 1e-3)
+    assert out is not None and out.on == ab
+    assert calls[1] == ([start, a, ab], context.CONFIRM_ROUNDS)
+    # only one switch within the noise and none past the margin: no second comparison
+    answers = iter([{start: 1.0, a: 0.99, b: 1.02, c: 1.05}])
+    calls.clear()
+    out = refine(assemble, _groups("a", "b", "c"), start, "per operator", feeds, want, 1e-3)
+    assert out is not None and out.on == start and len(calls) == 1
+
+
 def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch):
     assemble, feeds, want = _setup(monkeypatch)
     timed = []
     monkeypatch.setattr(context, "_time",
-                        lambda choices, runner, spinning=(): timed.append(choices) or {})
+                        lambda choices, runner, spinning=(), rounds=0: timed.append(choices) or {})
     out = refine(assemble, _groups("slow", "fast"), frozenset({"slow"}), "per operator",
                  feeds, want, 1e-3, decided=frozenset({"fast"}))
     assert out is not None and out.on == frozenset({"fast"}) and out.note.endswith("(cached)")

@@ -265,3 +265,26 @@ def test_select_library_variants(conv_result):
         out = CompiledProgram(m.program).run({"A": inputs["A"]})[m.program.outputs[0]]
         np.testing.assert_allclose(out.numpy(), ollie.interpret(expr, inputs), rtol=1e-3,
                                    atol=1e-3)
+
+
+def test_measure_alternating_pauses_the_garbage_collector_while_timing():
+    """The cyclic collector is off during every call (warm-up, lead and timed ones) and back on
+    afterwards; left off when it was off before, and on again after an exception."""
+    import gc
+
+    from ollie.tune.measure import gc_paused, measure_alternating
+
+    seen: list[bool] = []
+    measure_alternating({"a": lambda: seen.append(gc.isenabled())}, rounds=3, warmup=1,
+                        lead_calls=1)
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ZeroDivisionError), gc_paused():
+        1 / 0
+    assert gc.isenabled()
