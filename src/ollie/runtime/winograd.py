@@ -230,7 +230,11 @@ def phase_parts(weight: torch.Tensor, stride: int, padding: int
     convolution on Winograd ran 7.58-7.67 ms per phase, 8.05-8.22 ms over the window and
     8.9-9.1 ms on oneDNN; alone and with warm caches the window was faster on 3 of its 4
     layers (e.g. [16, 128, 16, 16] 128 -> 64: 1.75 against 2.30 ms), the per-phase form on
-    the 512 -> 256 layer (1.58 against 2.12 ms; its window weights are 75 MB)."""
+    the 512 -> 256 layer (1.58 against 2.12 ms; its window weights are 75 MB). Offering both
+    forms per layer to the cold-cache choice (2026-11-24, scratch ``/tmp/w/winwin.py``) took
+    the window for DCGAN b16's 128 -> 64 layer (2.13 against 2.43 ms alone, cold), and the
+    program ran 1.84-1.89x over eager against 1.93-1.94x per phase (two alternating process
+    pairs); InfoGAN b16 2.00-2.10x against 1.97x. Not offered."""
     taps = _phase_taps(weight.shape[2], stride, padding)
     if _phase_window(taps) is None:
         return None
