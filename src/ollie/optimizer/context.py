@@ -27,9 +27,12 @@ repeated blocks).
 
 On InfoGAN b16 (2-core VM, 2026-11-24) switching the rewrites of ``conv_transpose2d_1`` and
 ``_2`` off together made the program 4-6% faster in six side-by-side comparisons in a fresh
-process. Of five context passes each (from a cache without context decisions): before the
-changes above and :func:`~ollie.tune.measure.gc_paused`, three kept both rewrites and two kept
-one; with the garbage collector paused, two kept both; with both changes, none did.
+process. Five context passes per step (scratch ``/tmp/w/ctx.py``, from a cache without
+context decisions), counting the passes that kept both rewrites / one / none:
+- before: 3 / 2 / 0;
+- with switches that were faster at all confirmed together and 15 / 25 rounds: 3 / 1 / 1;
+- with :func:`~ollie.tune.measure.gc_paused` as well: 2 / 0 / 3;
+- with :data:`NOISE` as well: 0 / 0 / 5.
 """
 
 from __future__ import annotations
