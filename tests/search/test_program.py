@@ -130,7 +130,13 @@ def test_measure_alternating_interleaves_and_batches_fast_calls():
 def test_measure_alternating_prepares_every_sample_outside_the_timing():
     """With ``prepare`` (e.g. evicting the caches), every sample is one call preceded by one
     prepare call, even for functions fast enough to be batched otherwise."""
-    from ollie.tune.measure import _SCRATCH, evict_caches, llc_bytes, measure_alternating
+    from ollie.tune.measure import (
+        _SCRATCH,
+        EVICT_MAX_BYTES,
+        evict_caches,
+        llc_bytes,
+        measure_alternating,
+    )
 
     log: list[str] = []
     measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
@@ -138,7 +144,9 @@ def test_measure_alternating_prepares_every_sample_outside_the_timing():
                         prepare=lambda: log.append("p"))
     assert log == ["a", "b"] + ["p", "a", "p", "b"] * 4
     evict_caches()  # allocates its scratch once and writes it
-    assert _SCRATCH and _SCRATCH[0].nbytes >= llc_bytes()
+    assert _SCRATCH and _SCRATCH[0].nbytes >= min(llc_bytes(), EVICT_MAX_BYTES)
+    # a host's whole last-level cache reported to a VM (480 MiB here) is not written each time
+    assert _SCRATCH[0].nbytes <= EVICT_MAX_BYTES
 
 
 def test_measure_alternating_shuffles_the_order_of_each_round():

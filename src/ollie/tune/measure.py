@@ -200,13 +200,22 @@ def llc_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
+EVICT_MAX_BYTES = 64 << 20
+"""The most :func:`evict_caches` writes. Some virtual machines report their host's whole last
+level cache: a 2-core Intel Xeon VM here (2026-11-24) reports a 480 MiB L3 shared by its host's
+tenants, so 1.5x of it was 720 MiB written before every timed call, 93 ms each (a 48 MiB
+buffer: 5.7 ms); in a test optimising an 8-channel GoogLeNet (cold kernel cache), 365
+evictions took 35 s of its 78 s."""
+
 _SCRATCH: list[np.ndarray] = []
 
 
 def evict_caches() -> None:
-    """Write a scratch buffer of 1.5x the largest CPU cache, so that what a function reads
-    next comes from memory, as a kernel's weights do in a program whose weights exceed the
-    cache (every kernel runs once between two uses of its weights)."""
+    """Write a scratch buffer of 1.5x the largest CPU cache (at most :data:`EVICT_MAX_BYTES`),
+    so that what a function reads next comes from memory, as a kernel's weights do in a
+    program whose weights exceed the cache (every kernel runs once between two uses of its
+    weights)."""
     if not _SCRATCH:
-        _SCRATCH.append(np.empty(int(1.5 * llc_bytes()) // 4, dtype=np.float32))
+        nbytes = min(int(1.5 * llc_bytes()), EVICT_MAX_BYTES)
+        _SCRATCH.append(np.empty(nbytes // 4, dtype=np.float32))
     _SCRATCH[0].fill(1.0)  # numpy: no inference-mode restrictions
