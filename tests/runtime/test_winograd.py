@@ -126,6 +126,12 @@ def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatc
 
     monkeypatch.setattr(winograd, "winograd_conv2d", spy)
     prefer = f"{onednn.WINOGRAD}{onednn.ANY_OF}torch"
+    # too small to pay back the transforms: no Winograd candidate is built
+    onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
+                     activation="relu", prefer=prefer)
+    assert built == []
+    onednn._CHOICES.clear()
+    monkeypatch.setattr(onednn, "WINOGRAD_MIN_FLOPS", 0)
     conv = onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
                             activation="relu", prefer=prefer)
     assert built == ["winograd"]
@@ -139,6 +145,24 @@ def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatc
     built.clear()
     onednn.best_conv("Conv2d", w, b, (2, 16, 12, 12), (2, 2), (1, 1), (1, 1))
     assert built == []
+
+
+@pytest.mark.parametrize("op, wshape, xshape, stride, pad, dil", [
+    ("Conv2d", (8, 3, 3, 3), (2, 3, 11, 9), (1, 1), (1, 1), (1, 1)),
+    ("Conv2d", (6, 4, 5, 3), (1, 4, 12, 10), (2, 1), (2, 0), (1, 2)),
+    ("ConvTranspose2d", (4, 6, 4, 4), (3, 4, 5, 7), (2, 2), (1, 1), (1, 1)),
+])
+def test_direct_flops_match_torchs_flop_counter(op, wshape, xshape, stride, pad, dil) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    w, x = torch.randn(wshape), torch.randn(xshape)
+    with FlopCounterMode(display=False) as counter:
+        if op == "Conv2d":
+            F.conv2d(x, w, None, stride, pad, dil)
+        else:
+            F.conv_transpose2d(x, w, None, stride, pad, 0, 1, dil)
+    assert onednn.direct_flops(op, wshape, xshape, stride, pad, dil) == \
+        counter.get_total_flops()
 
 
 def _interpreted_transposed(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int,

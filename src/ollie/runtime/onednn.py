@@ -27,6 +27,7 @@ original operators a program keeps) on the first call for each input shape.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -277,6 +278,18 @@ WINOGRAD = "Winograd"
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
 
+WINOGRAD_MIN_FLOPS = 24e6
+"""A Winograd candidate (:mod:`ollie.runtime.winograd`) is built, its transforms compiled and
+timed, only for convolutions doing at least this many floating-point operations directly
+(:func:`direct_flops`): below, its three passes cost more than the multiplications they save.
+On a 2-core Intel Xeon VM (2026-11-24, batch 1, warm / cold caches, scratch ``wgate2.py``
+/ ``wgate3.py``), 3x3 convolutions of 4.7-18.9 MFLOP (32-128 channels, 8x8-16x16) ran at
+0.65-0.86 / 0.69-0.80 of oneDNN's speed through ``F(4x4, 3x3)``; the first wins came at 57.8
+MFLOP (64 and 128 channels at 28x28 and 14x14: 1.09x / 1.11x warm). Stride-2 4x4 transposed
+convolutions of 1.6-67 MFLOP (InfoGAN's and DCGAN's layers at batch 1) ran at 0.27-0.56 /
+0.31-0.63. Each channel block's transforms take ~5 s to compile, which small convolutions
+(a test's 8-channel networks) never paid back."""
+
 _CHOICES: dict[tuple, str] = {}
 """Per convolution configuration: the name of the implementation that measured fastest."""
 
@@ -340,6 +353,20 @@ def fastest_of(builders: dict[str, Callable[[], Conv | None]], input_shape: tupl
                    make_args)
 
 
+def direct_flops(op: str, weight_shape: tuple[int, ...], input_shape: tuple[int, ...],
+                 stride: tuple[int, int], padding: tuple[int, int],
+                 dilation: tuple[int, int]) -> float:
+    """Multiply-adds times two of a direct ``op`` (``"Conv2d"``: weight ``[K, C/g, r, s]``,
+    ``2 * N * numel(weight) * OH * OW``; ``"ConvTranspose2d"``: weight ``[C, K/g, r, s]``,
+    ``2 * N * numel(weight) * H * W``, the input's positions)."""
+    taps = math.prod(weight_shape)
+    if op == "ConvTranspose2d":
+        return 2.0 * input_shape[0] * taps * input_shape[2] * input_shape[3]
+    out = [(input_shape[2 + i] + 2 * padding[i] - dilation[i] * (weight_shape[2 + i] - 1) - 1)
+           // stride[i] + 1 for i in range(2)]
+    return 2.0 * input_shape[0] * taps * max(out[0], 0) * max(out[1], 0)
+
+
 def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
               dilation: tuple[int, int], groups: int = 1,
@@ -348,7 +375,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               prefer: str | None = None) -> Conv:
     """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
     with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
-    weight packed, plain torch, ONNX Runtime and, where one applies, a Winograd convolution
+    weight packed, plain torch, ONNX Runtime and, where one applies and the convolution does at
+    least :data:`WINOGRAD_MIN_FLOPS`, a Winograd convolution
     (:mod:`ollie.runtime.winograd`), measured once per configuration
     (:func:`fastest_of`) on inputs in the memory format they will have (``channels_last``:
     the output of a packed oneDNN convolution is; an implementation that needs NCHW pays for
@@ -379,10 +407,12 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride, padding,
                                          dilation, groups, output_padding, activation,
                                          residual)}
-    if op == "Conv2d" and winograd.applies(tuple(weight.shape), stride, groups):
+    large = direct_flops(op, tuple(weight.shape), input_shape, stride, padding,
+                         dilation) >= WINOGRAD_MIN_FLOPS
+    if large and op == "Conv2d" and winograd.applies(tuple(weight.shape), stride, groups):
         builders[WINOGRAD] = lambda: winograd.winograd_conv2d(
             weight, input_shape, stride, padding, dilation, bias, groups, activation, residual)
-    elif op == "ConvTranspose2d" and winograd.applies_transposed(
+    elif large and op == "ConvTranspose2d" and winograd.applies_transposed(
             tuple(weight.shape), stride, padding, dilation, groups):
         builders[WINOGRAD] = lambda: winograd.winograd_conv_transpose2d(
             weight, input_shape, stride, padding, output_padding, dilation, bias, groups,
