@@ -168,3 +168,33 @@ def test_tf32_check_uses_a_full_float32_reference(monkeypatch):
     assert any("checked against the original model" in n for n in opt.notes)
     with torch.no_grad():
         torch.testing.assert_close(opt(x), m(x), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("node_name", ["/head/head.0/Gemm", "0", "conv_1"])
+def test_subprogram_temporaries_get_parseable_names_from_any_node_name(node_name, tmp_path):
+    """A rewrite's temporaries are named after their node; ONNX node names (``/a/b.0/Gemm``)
+    are not tensor names, and a saved program's expressions must parse again."""
+    import numpy as np
+
+    from ollie.ir import parse
+    from ollie.optimizer.rename import name_prefix, rename_kernels
+    from ollie.program.kernel import Kernel
+    from ollie.program.program import Program
+
+    inner = parse("x0: [2, 3]\nL<i=0:2, j=0:3> x0[i, j] * 2.0")
+    outer = parse("t9: [2, 3]\nL<i=0:2, j=0:3> relu(t9[i, j] + 1.0)")
+    kernels = [Kernel("eOp", {}, ("x0",), "t9", inner, (None,), (2, 3)),
+               Kernel("eOp", {}, ("t9",), "y", outer, (None,), (2, 3))]
+    renamed = rename_kernels(kernels, {"x0": "inp"}, "y", "out", prefix=node_name)
+    temp = renamed[0].output
+    assert temp.startswith(name_prefix(node_name)) and temp != "t9"
+    assert name_prefix("/a/b") != name_prefix("_a_b") != name_prefix("/a.b")
+    prog = Program((("inp", (2, 3)),), ("out",), renamed)
+    prog.save(tmp_path / "p")
+    again = Program.load(tmp_path / "p")
+    assert [k.output for k in again.kernels] == [temp, "out"]
+    x = torch.randn(2, 3)
+    want = torch.relu(x * 2 + 1)
+    for p in (prog, again):
+        got = ollie.optimizer.model.OptimizedModel(p)(x)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)

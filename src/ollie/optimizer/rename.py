@@ -4,16 +4,34 @@ subprogram's temporaries prefixed so that reused subprograms never clash."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 
 from ollie.ir import rename_expr
 from ollie.program.kernel import Kernel
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+"""A tensor name of the expression syntax (EXPR_SYNTAX.md)."""
+
+
+def name_prefix(name: str) -> str:
+    """``name`` (a node's name) as the start of tensor names: itself when it is a tensor name,
+    else (ONNX node names such as ``/head/head.0/Gemm``) its other characters replaced by
+    ``_`` and a digest of ``name`` appended, so that two names differing only there stay
+    apart."""
+    if _IDENTIFIER.match(name):
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=4).hexdigest()
+    return f"n_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{digest}"
+
 
 def rename_kernels(kernels: list[Kernel], inputs: Mapping[str, str], output: str,
                    new_output: str, prefix: str) -> list[Kernel]:
     """Kernels reading ``inputs[name]`` for each canonical input, writing ``new_output``
-    instead of ``output``, every other tensor they produce prefixed with ``prefix``."""
+    instead of ``output``, every other tensor they produce prefixed with ``prefix``
+    (:func:`name_prefix`: a saved program's expressions must parse again)."""
+    prefix = name_prefix(prefix)
     names = dict(inputs)
     for k in kernels:
         names.setdefault(k.output, new_output if k.output == output else f"{prefix}_{k.output}")
