@@ -202,8 +202,8 @@ def llc_bytes() -> int:
 
 EVICT_MAX_BYTES = 64 << 20
 """The most :func:`evict_caches` writes. Some virtual machines report their host's whole last
-level cache: a 2-core Intel Xeon VM here (2026-11-24) reports a 480 MiB L3 shared by its host's
-tenants, so 1.5x of it was 720 MiB written before every timed call, 93 ms each (a 48 MiB
+level cache: a 2-core Intel Xeon VM here (2026-11-24) reports a 480 MiB L3 (most likely its host's
+whole cache), so 1.5x of it was 720 MiB written before every timed call, 93 ms each (a 48 MiB
 buffer: 5.7 ms); in a test optimising an 8-channel GoogLeNet (cold kernel cache), 365
 evictions took 35 s of its 78 s."""
 
