@@ -36,7 +36,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
-from ollie.runtime import ort_region, winograd
+from ollie.runtime import onednn, ort_region
 from ollie.runtime.onednn import ANY_OF, CONV_OPS, WINOGRAD
 
 log = logging.getLogger(__name__)
@@ -98,26 +98,29 @@ def is_library_conv(k: Kernel) -> bool:
 
 
 def winograd_applies(k: Kernel, prog: Program) -> bool:
-    """Whether library convolution ``k`` of ``prog`` has a Winograd form
-    (:func:`ollie.runtime.winograd.applies`)."""
+    """Whether :func:`ollie.runtime.onednn.best_conv` would offer library convolution ``k``
+    of ``prog`` a Winograd form (:func:`ollie.runtime.onednn.offers_winograd`: one exists and
+    the convolution is large enough)."""
     from ollie.graph.execute import _pad4, _pair
 
     if k.kind == "Conv":
         p = k.params
-        shape = (0, 0, int(p["r"]), int(p["s"]))
-        return winograd.applies(shape, (int(p["sh"]), int(p["sw"])), int(p.get("groups", 1)))
+        groups = int(p.get("groups", 1))
+        return onednn.offers_winograd(
+            "Conv2d", (int(p["f"]), int(p["c"]) // groups, int(p["r"]), int(p["s"])),
+            tuple(int(p[a]) for a in ("n", "c", "h", "w")), (int(p["sh"]), int(p["sw"])),
+            (int(p["ph"]), int(p["pw"])), (int(p["dh"]), int(p["dw"])), groups)
     op = k.params.get("op")
     if k.kind != "Node" or op not in CONV_OPS or len(k.inputs) < 2 or \
             k.inputs[1] not in prog.constants:
         return False
     attrs = dict(k.params["node"].attrs)  # type: ignore[attr-defined]
-    shape = tuple(prog.constants[k.inputs[1]].shape)
-    stride, groups = _pair(attrs.get("stride", 1)), int(attrs.get("groups", 1))
-    if op == "Conv2d":
-        return winograd.applies(shape, stride, groups)
     top, left, bottom, right = _pad4(attrs.get("padding", 0))
-    return (top, left) == (bottom, right) and winograd.applies_transposed(
-        shape, stride, (top, left), _pair(attrs.get("dilation", 1)), groups)
+    input_shape = prog.tensor_shapes().get(k.inputs[0])
+    return (top, left) == (bottom, right) and input_shape is not None and \
+        onednn.offers_winograd(op, tuple(prog.constants[k.inputs[1]].shape), input_shape,
+                               _pair(attrs.get("stride", 1)), (top, left),
+                               _pair(attrs.get("dilation", 1)), int(attrs.get("groups", 1)))
 
 
 def with_library(prog: Program, library: str) -> Program:

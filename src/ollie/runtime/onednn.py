@@ -367,6 +367,24 @@ def direct_flops(op: str, weight_shape: tuple[int, ...], input_shape: tuple[int,
     return 2.0 * input_shape[0] * taps * max(out[0], 0) * max(out[1], 0)
 
 
+def offers_winograd(op: str, weight_shape: tuple[int, ...], input_shape: tuple[int, ...],
+                    stride: tuple[int, int], padding: tuple[int, int],
+                    dilation: tuple[int, int], groups: int = 1) -> bool:
+    """Whether :func:`best_conv` builds a Winograd candidate for this convolution: it has a
+    Winograd form (:func:`ollie.runtime.winograd.applies`,
+    :func:`~ollie.runtime.winograd.applies_transposed`) and does at least
+    :data:`WINOGRAD_MIN_FLOPS`."""
+    from ollie.runtime import winograd
+
+    if direct_flops(op, weight_shape, input_shape, stride, padding,
+                    dilation) < WINOGRAD_MIN_FLOPS:
+        return False
+    if op == "Conv2d":
+        return winograd.applies(weight_shape, stride, groups)
+    return op == "ConvTranspose2d" and winograd.applies_transposed(
+        weight_shape, stride, padding, dilation, groups)
+
+
 def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
               dilation: tuple[int, int], groups: int = 1,
@@ -407,16 +425,12 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
         "ONNX Runtime": lambda: ort_conv(op, weight, bias, input_shape, stride, padding,
                                          dilation, groups, output_padding, activation,
                                          residual)}
-    large = direct_flops(op, tuple(weight.shape), input_shape, stride, padding,
-                         dilation) >= WINOGRAD_MIN_FLOPS
-    if large and op == "Conv2d" and winograd.applies(tuple(weight.shape), stride, groups):
-        builders[WINOGRAD] = lambda: winograd.winograd_conv2d(
-            weight, input_shape, stride, padding, dilation, bias, groups, activation, residual)
-    elif large and op == "ConvTranspose2d" and winograd.applies_transposed(
-            tuple(weight.shape), stride, padding, dilation, groups):
-        builders[WINOGRAD] = lambda: winograd.winograd_conv_transpose2d(
-            weight, input_shape, stride, padding, output_padding, dilation, bias, groups,
-            activation, residual)
+    if offers_winograd(op, tuple(weight.shape), input_shape, stride, padding, dilation, groups):
+        builders[WINOGRAD] = (lambda: winograd.winograd_conv2d(
+            weight, input_shape, stride, padding, dilation, bias, groups, activation,
+            residual)) if op == "Conv2d" else (lambda: winograd.winograd_conv_transpose2d(
+                weight, input_shape, stride, padding, output_padding, dilation, bias, groups,
+                activation, residual))
     return fastest_of(builders, input_shape, key,
                       lambda: probes(input_shape, plain, residual, channels_last), prefer)
 
