@@ -224,8 +224,10 @@ def test_measure_alternating_skips_hopeless_functions_after_warm_up():
 
     calls = {"fast": 0, "slow": 0, "builds": 0}
 
+    # 1 ms, not no-ops: two calls of an empty function can differ 10x by timer jitter alone
     def fast():
         calls["fast"] += 1
+        time.sleep(0.001)
 
     def slow():
         calls["slow"] += 1
@@ -233,8 +235,7 @@ def test_measure_alternating_skips_hopeless_functions_after_warm_up():
 
     def builds():  # slow only on its first call
         calls["builds"] += 1
-        if calls["builds"] == 1:
-            time.sleep(0.05)
+        time.sleep(0.05 if calls["builds"] == 1 else 0.001)
 
     res = measure_alternating({"fast": fast, "slow": slow, "builds": builds}, rounds=3,
                               warmup=2, hopeless=10.0)
