@@ -321,3 +321,66 @@ def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
     assert outside and all(kn.params["library"] == "oneDNN packed" for kn in outside)
     with torch.inference_mode():
         torch.testing.assert_close(CompiledProgram(varied)(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_regions_io_binding_follows_new_inputs_and_never_overwrites_kept_results():
+    """The session's I/O binding is kept across calls: a new input tensor (another pointer)
+    is bound again, outputs go to reused buffers only once the caller dropped the previous
+    ones, another thread gets its own binding, and an input of the wrong size is refused."""
+    import threading
+
+    from ollie.errors import ShapeError
+    from ollie.runtime.buffers import BufferCache
+
+    m, x = _net()
+    marked = ort_region.mark_regions(_optimized(m, x))
+    assert marked is not None
+    a, b = ort_region.groups(marked)[0]
+    constants = CompiledProgram(marked).constants
+    region = ort_region.build_region(marked, a, b, constants)
+    assert region is not None and len(region.inputs) == 1 and len(region.outputs) >= 2
+    (name,), outs = region.inputs, region.outputs
+    shape = marked.tensor_shapes()[name]
+    ref = CompiledProgram(Program(((name, tuple(shape)),), tuple(outs), marked.kernels[a:b],
+                                  marked.constants))
+
+    buffers = BufferCache()
+
+    def call(t: torch.Tensor, cache: BufferCache | None = buffers) -> list[torch.Tensor]:
+        env = {name: t}
+        region.run(env, cache)
+        return [env[o] for o in outs]
+
+    def same(got: list[torch.Tensor], t: torch.Tensor) -> None:
+        for g, w in zip(got, ref(t), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    with torch.inference_mode():
+        xs = [torch.randn(shape) for _ in range(3)]
+        kept = call(xs[0])
+        same(kept, xs[0])
+        # the caller keeps ``kept``: the next results go elsewhere and ``kept`` is unchanged
+        second = call(xs[1])
+        assert not {t.data_ptr() for t in second} & {t.data_ptr() for t in kept}
+        same(second, xs[1])
+        same(kept, xs[0])
+        # dropped results' buffers are reused, and an input written in place is read again
+        ptrs = [t.data_ptr() for t in second]
+        del second
+        xs[1].copy_(xs[2])
+        third = call(xs[1])
+        assert [t.data_ptr() for t in third] == ptrs
+        same(third, xs[2])
+        # a channels-last input is read in its logical order; without a cache, fresh outputs
+        same(call(xs[2].to(memory_format=torch.channels_last)), xs[2])
+        fresh = call(xs[0], None)
+        same(fresh, xs[0])
+        assert not {t.data_ptr() for t in fresh} & {t.data_ptr() for t in kept + third}
+        with pytest.raises(ShapeError, match=name):
+            region.run({name: torch.randn(2, *shape)})
+
+    got: list[list[torch.Tensor]] = []
+    worker = threading.Thread(target=lambda: got.append(call(xs[0], None)))
+    worker.start()
+    worker.join()
+    same(got[0], xs[0])

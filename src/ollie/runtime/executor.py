@@ -114,7 +114,7 @@ class CompiledProgram:
 
             def first(env: Env, out: torch.Tensor | None, r: ort_region.Region = region,
                       name: str = self.program.kernels[start].output) -> torch.Tensor:
-                r.run(env)
+                r.run(env, self.buffers)
                 return env.get(name)  # type: ignore[return-value]
 
             fns[start] = first
