@@ -28,6 +28,7 @@ def test_every_implementation_matches_torch(m, k, n, batch, transposed, bias, ac
     impls = linear.implementations(a, b, c, act)
     assert "MKL" in impls and "oneDNN" in impls
     assert ("oneDNN transposed" in impls) == (batch in ((), (1,)) and not bias)
+    assert ("MKL transposed" in impls) == (batch in ((), (1,)))
     for name, fn in impls.items():
         got = fn(a, b).reshape(want.shape)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
@@ -66,7 +67,8 @@ def test_a_wrong_implementation_is_never_chosen(monkeypatch):
     def broken(a, b, bias=None, activation=None):
         impls = real(a, b, bias, activation)
         impls["oneDNN"] = lambda x, y: torch.matmul(x, y) + 1.0
-        impls.pop("oneDNN transposed", None)
+        for name in ("oneDNN transposed", "MKL transposed"):
+            impls.pop(name, None)
         return impls
 
     monkeypatch.setattr(linear, "implementations", broken)
