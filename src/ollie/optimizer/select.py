@@ -21,7 +21,7 @@ from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, constant_array
 from ollie.runtime.executor import CompiledProgram
 from ollie.runtime.precision import tf32
-from ollie.search.candidate import Candidate, program_key, reference_sample
+from ollie.search.candidate import Candidate, Step, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import measure_alternating
 
@@ -122,7 +122,8 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
            max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset(),
            library_variants: bool = False) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
-    ``inputs``) and up to ``limit`` verified candidates; keep the fastest. Inputs named in
+    ``inputs``) and up to ``limit`` verified candidates (each also with its products kept
+    transposed, :func:`transposed_candidate`, where that applies); keep the fastest. Inputs named in
     ``channels_last`` are fed to the candidates as channels-last tensors, the memory format
     they will have in the program (a convolution's output): a candidate that must first
     convert them pays for it (the caller feeds ``baseline`` the same way).
@@ -150,7 +151,11 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
             if n not in constants}
     rejected: list[str] = []
     verified: list[tuple[str, Program, Candidate, Callable[[], object]]] = []
-    for cand in candidates[:limit]:
+    # each candidate as derived and, where it has a product only eOperators read, with that
+    # product kept transposed (which orientation a library computes faster is measured)
+    forms = [c for derived in candidates[:limit]
+             for c in (derived, transposed_candidate(derived, expr)) if c is not None]
+    for cand in forms:
         try:
             prog = candidate_program(cand, expr, constants)
             ok, err = check_program(prog, expr, inputs, reference, device)
@@ -207,9 +212,35 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
 
 
 def program_label(prog: Program) -> str:
-    """``prog``'s summary, with the libraries its convolutions are fixed to, if any."""
+    """``prog``'s summary, with the libraries its convolutions are fixed to, if any, and
+    whether its products are kept transposed (:mod:`ollie.program.orient`)."""
+    from ollie.program.orient import TRANSPOSED
+
     libs = sorted({str(k.params["library"]) for k in prog.kernels if k.params.get("library")})
+    if any(k.params.get(TRANSPOSED) for k in prog.kernels):
+        libs.insert(0, "products transposed")
     return prog.summary() + (f" [{', '.join(libs)}]" if libs else "")
+
+
+def transposed_candidate(cand: Candidate, expr: Expr) -> Candidate | None:
+    """``cand`` with its products kept transposed (:func:`ollie.program.orient.
+    transposed_products`: a data layout transformation of their outputs), or None when no
+    product of it qualifies."""
+    from dataclasses import replace
+
+    from ollie.ir import format_expr
+    from ollie.program.orient import TRANSPOSED, transposed_products
+
+    prog = Program(tuple(expr.decls), (cand.output,), list(cand.kernels), {})
+    other = transposed_products(prog)
+    if other is None:
+        return None
+    done = [k for k in other.kernels if k.params.get(TRANSPOSED)]
+    notes = ", ".join(f"{k.output} = ({k.inputs[0]} @ {k.inputs[1]}) kept transposed"
+                      for k in done)
+    step = Step("data_layout_transformation", notes,
+                format_expr(done[-1].expr) if done[-1].expr is not None else "")
+    return replace(cand, kernels=list(other.kernels), steps=[*cand.steps, step])
 
 
 def _library_variants(key: str, prog: Program, device: str) -> list[tuple[str, Program]]:
