@@ -306,6 +306,12 @@ def test_the_small_tile_is_offered_where_it_multiplies_less_or_the_weights_excee
 
     monkeypatch.setattr(sys.modules["ollie.tune.measure"], "llc_bytes", lambda: 1024)
     assert winograd.tile_sizes(parts, (14, 14), 1) == [4, 2]
+    # a cache reported larger than CACHE_MAX_BYTES (a VM reporting its host's) counts as that
+    big = [(torch.zeros(8, 2 ** 13, 3, 3), (1, 1), 0)]  # 36 * 8 * 8192 * 4 bytes: 9 MiB
+    monkeypatch.setattr(sys.modules["ollie.tune.measure"], "llc_bytes", lambda: 480 << 20)
+    assert winograd.tile_sizes(big, (14, 14), 1) == [4]
+    monkeypatch.setattr(winograd, "CACHE_MAX_BYTES", 4 << 20)
+    assert winograd.tile_sizes(big, (14, 14), 1) == [4, 2]
 
 
 @needs_onednn

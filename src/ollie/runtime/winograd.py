@@ -298,8 +298,9 @@ Part = tuple[torch.Tensor, tuple[int, int], int]
 def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[int]:
     """The output tiles ``m`` to try for ``parts`` (:func:`_build`, outputs ``out_size`` per
     phase): :data:`TILE`, and :data:`SMALL_TILE` where the :data:`TILE` form's transformed
-    weights exceed the largest CPU cache or its products do more multiplications (tiles
-    mostly past the output: a 2x2 output per phase, InfoGAN's 448 -> 256 layer)."""
+    weights exceed the largest CPU cache (at most :data:`CACHE_MAX_BYTES`) or its products do
+    more multiplications (tiles mostly past the output: a 2x2 output per phase, InfoGAN's
+    448 -> 256 layer)."""
     from ollie.tune.measure import llc_bytes
 
     r = parts[0][0].shape[-1]
@@ -312,8 +313,18 @@ def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[i
     def products(t: int) -> int:
         return _tiles(out_size[0], t, dil) * _tiles(out_size[1], t, dil) * (t + r - 1) ** 2
 
-    small = weight_bytes > llc_bytes() or products(SMALL_TILE) < products(m)
+    small = weight_bytes > min(llc_bytes(), CACHE_MAX_BYTES) or \
+        products(SMALL_TILE) < products(m)
     return [m, SMALL_TILE] if small else [m]
+
+
+CACHE_MAX_BYTES = 32 << 20
+"""The most :func:`tile_sizes` takes the largest cache to hold. A virtual machine may report
+its host's whole last level cache (480 MiB on a 2-core Intel Xeon VM, 2026-11-24; cf.
+:data:`ollie.tune.measure.EVICT_MAX_BYTES`), and then no layer's weights "exceeded" it:
+DCGAN's 512 -> 256 transposed convolution at b16 (52 MB of ``F(4x4, 2x2)`` weights) was built
+with ``F(4x4)`` only, which took 4.41 ms there against 3.51 ms for ``F(2x2)`` (cold, alone;
+oneDNN 6.46 ms). 32 MiB is the L3 of the 2-core AMD EPYC the rule was measured on."""
 
 
 def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
