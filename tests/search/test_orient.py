@@ -31,7 +31,7 @@ def _run(prog: Program, inputs: dict) -> np.ndarray:
 
 
 @settings(max_examples=3, deadline=None)
-@given(n=st.just(1), ci=st.integers(2, 9), h=st.integers(1, 2), co=st.integers(8, 10))
+@given(n=st.just(1), ci=st.integers(2, 9), h=st.just(2), co=st.integers(8, 10))
 def test_a_transposed_convolution_as_a_transposed_product_matches_the_reference(n, ci, h, co):
     expr = ollie.parse(_tconv(n, ci, h, co))
     inputs = random_inputs(expr, seed=3)
@@ -56,8 +56,8 @@ def test_a_transposed_convolution_as_a_transposed_product_matches_the_reference(
         prog = candidate_program(other, expr, {})
         np.testing.assert_allclose(_run(prog, inputs), want, rtol=1e-4, atol=1e-4)
     # products of co * 16 rows (output channels times taps) and n * h * h columns (pixels)
-    if n * h * h > 1 and co * 16 >= TALL * n * h * h:
-        assert found, "no Matmul + eOperator candidate had a product to transpose"
+    assert co * 16 >= TALL * n * h * h
+    assert found, "no Matmul + eOperator candidate had a product to transpose"
 
 
 def test_products_the_caller_or_a_library_reads_are_not_transposed():
