@@ -382,9 +382,11 @@ class Region:
     tensors given to it, through an I/O binding kept from one call to the next (one per
     thread): a pointer is bound again only when it changed. Measured on the 2-core Xeon VM
     (2026-11-24, InfoGAN batch 1, one region holding the whole network, bench settings, side
-    by side): the session fed numpy arrays by ``run`` 0.507-0.533 ms, with the binding kept
-    and its output in a reused buffer 0.472-0.499 ms, ONNX Runtime itself 0.487-0.510 ms; a
-    new binding and a new output on every call (0.512-0.527 ms) saved nothing."""
+    by side): the bound session alone 0.450-0.483 ms against ONNX Runtime's 0.487-0.499 ms
+    (its ``run`` converts the feed and allocates the outputs); the whole program 0.514 /
+    0.525 / 0.530 ms against 0.523 / 0.534 / 0.549 ms with the session fed numpy arrays by
+    ``run`` (a fourth pair, 0.582 / 0.544, in a round where ONNX Runtime also jumped to 0.555).
+    A new binding and a new output on every call saved nothing."""
 
     def __init__(self, session: object, inputs: list[str], outputs: list[str],
                  shapes: Mapping[str, tuple[int, ...]], spinning: bool = False) -> None:
