@@ -94,3 +94,19 @@ def test_selection_measures_both_orientations():
     labels = [m.label for m in sel.measured]
     assert any("products transposed" in lab for lab in labels)
     assert any("products transposed" not in lab for lab in labels)
+
+
+def test_a_program_with_a_transposed_product_survives_save_and_load(tmp_path):
+    expr = ollie.parse(_tconv(1, 5, 2, 8))
+    cand = next(t for c in _matmul_candidates(expr)
+                if (t := transposed_candidate(c, expr)) is not None)
+    inputs = random_inputs(expr, seed=5)
+    weights = {n: v for n, v in inputs.items() if n != expr.decls[0][0]}
+    prog = candidate_program(cand, expr, weights)
+    assert any(k.params.get(TRANSPOSED) for k in prog.kernels)
+    prog.save(tmp_path)
+    loaded = Program.load(tmp_path)
+    assert [k.params.get(TRANSPOSED) for k in loaded.kernels] == \
+        [k.params.get(TRANSPOSED) for k in prog.kernels]
+    np.testing.assert_allclose(_run(loaded, inputs), ollie.interpret(expr, inputs),
+                               rtol=1e-4, atol=1e-4)
