@@ -17,14 +17,15 @@ import ollie
 from ollie.errors import UnsupportedError
 from ollie.program.kernel import View
 from ollie.runtime import onnx_expr, onnx_views
-from ollie.runtime.ort_region import _Builder, needs_gather
+from ollie.runtime.onnx_build import Builder
+from ollie.runtime.ort_region import needs_gather
 from ollie.semantics.check import random_inputs
 from ollie.testing.strategies import exprs
 
 pytest.importorskip("onnxruntime")
 
 
-def _run(b: _Builder, inputs: dict[str, np.ndarray], out: str) -> np.ndarray:
+def _run(b: Builder, inputs: dict[str, np.ndarray], out: str) -> np.ndarray:
     """Run the builder's nodes (graph inputs ``inputs``, output ``out``) in ONNX Runtime."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -39,12 +40,12 @@ def _run(b: _Builder, inputs: dict[str, np.ndarray], out: str) -> np.ndarray:
     return session(graph).run(None, {n: v.astype(np.float32) for n, v in inputs.items()})[0]
 
 
-def _emit(expr: ollie.Expr) -> tuple[_Builder, str]:
-    b = _Builder({}, {n: tuple(s) for n, s in expr.decls})
+def _emit(expr: ollie.Expr) -> tuple[Builder, str]:
+    b = Builder({}, {n: tuple(s) for n, s in expr.decls})
     return b, onnx_expr.emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
 
 
-def _ops(b: _Builder) -> list[str]:
+def _ops(b: Builder) -> list[str]:
     return [n.op_type for n in b.nodes]
 
 
@@ -130,14 +131,14 @@ def test_clamps_become_clip():
     # bounds read from one-element constants (a ReLU6 lowered from a graph)
     expr = ollie.parse("A: [2, 5]\nlo: [1]\nhi: [1]\n"
                        "L<i=0:2, j=0:5> min(max(A[i, j], lo[0]), hi[0])")
-    b = _Builder({"lo": torch.tensor([0.0]), "hi": torch.tensor([0.3])}, {"A": (2, 5)})
+    b = Builder({"lo": torch.tensor([0.0]), "hi": torch.tensor([0.3])}, {"A": (2, 5)})
     out = onnx_expr.emit_scope(b, expr.root, {"A": "A", "lo": b.const("lo"), "hi": b.const("hi")})
     assert _ops(b) == ["Clip"]
     a = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
     np.testing.assert_allclose(_run(b, {"A": a}, out), np.clip(a, 0.0, 0.3))
     # a one-element constant read at a moving index is not a bound (0 outside it)
     expr = ollie.parse("A: [2, 5]\nc: [1]\nL<i=0:2, j=0:5> max(A[i, j], c[j])")
-    b = _Builder({"c": torch.tensor([0.3])}, {"A": (2, 5)})
+    b = Builder({"c": torch.tensor([0.3])}, {"A": (2, 5)})
     out = onnx_expr.emit_scope(b, expr.root, {"A": "A", "c": b.const("c")})
     assert "Clip" not in _ops(b)
     want = np.maximum(a, np.asarray([0.3, 0, 0, 0, 0], dtype=np.float32))
@@ -216,7 +217,7 @@ def _views(draw):
 def test_views_match_as_strided(case):
     shape, view = case
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    b = _Builder({}, {"x": shape})
+    b = Builder({}, {"x": shape})
     y = onnx_expr.view_read(b, "x", view)
     want = torch.as_strided(torch.from_numpy(x).reshape(-1), view.sizes, view.strides,
                             view.offset).numpy()
@@ -224,13 +225,13 @@ def test_views_match_as_strided(case):
 
 
 def test_contiguous_permuted_and_broadcast_views_need_no_gather():
-    b = _Builder({}, {"w": (6, 4)})
+    b = Builder({}, {"w": (6, 4)})
     view = View(0, (3, 6, 4), (0, 4, 1))
     onnx_expr.view_read(b, "w", view)
     assert "Gather" not in _ops(b) and "Expand" in _ops(b)
     assert not onnx_expr.view_gathers(view, 24)
     # a transposed operand (trans_b): a transpose
-    b = _Builder({}, {"w": (6, 4)})
+    b = Builder({}, {"w": (6, 4)})
     view = View(0, (1, 4, 6), (0, 1, 4))
     y = onnx_expr.view_read(b, "w", view)
     assert "Transpose" in _ops(b) and "Gather" not in _ops(b)

@@ -26,7 +26,7 @@ kernel stays outside the region."""
 
 
 class Emitter(Protocol):
-    """What these modules need from a graph builder (:class:`ollie.runtime.ort_region._Builder`):
+    """What these modules need from a graph builder (:class:`ollie.runtime.onnx_build.Builder`):
     ``shapes`` maps each ONNX value to its static shape."""
 
     shapes: dict[str, tuple[int, ...]]

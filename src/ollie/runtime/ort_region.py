@@ -14,9 +14,10 @@ fused bias / residual / activation, pooling, Gemm and element-wise operators; li
 kernels with a constant weight; ``Matmul`` kernels and memory-bound generated eOperators,
 through :mod:`ollie.runtime.onnx_expr`), marks them in ``params["region"]``
 (:func:`mark_regions`), and builds for each run a session over a small ONNX model
-(:func:`build_region`): the run's inputs are the tensors it reads that earlier kernels (or the
-caller) produced, its constants are initializers, its outputs are the tensors later kernels or
-the program's caller read. Banded ``G2BMM`` / ``GBMM`` kernels and compute-bound eOperators
+(:func:`build_region`; its nodes from :class:`ollie.runtime.onnx_build.Builder`): the run's
+inputs are the tensors it reads that earlier kernels (or the caller) produced, its constants
+are initializers, its outputs are the tensors later kernels or the program's caller read.
+Banded ``G2BMM`` / ``GBMM`` kernels and compute-bound eOperators
 end a run: they stay Ollie's own kernels. With the eOperators inside, a whole network can be
 one session (ResNet-18: the derived shortcut layouts, the last residual + ReLU + global pool),
 so that no OpenMP thread pool of another runtime sits between its parts.
@@ -46,34 +47,21 @@ from ollie.ir import Expr
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime.buffers import BufferCache
+from ollie.runtime.onnx_build import ACT as _ACT
+from ollie.runtime.onnx_build import CONVS as _CONVS
+from ollie.runtime.onnx_build import POOLS as _POOLS
+from ollie.runtime.onnx_build import Builder
 
 log = logging.getLogger(__name__)
 
 LIBRARY = "ONNX Runtime regions"
 """The name of this choice in :mod:`ollie.optimizer.libraries` and in reports."""
 
-_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 _SIMPLE = ("Relu", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Identity", "GlobalAveragePool")
 """Graph operators that are the ONNX operator of the same name, without attributes."""
-_CONVS = ("Conv2d", "ConvTranspose2d")
-_POOLS = ("MaxPool2d", "AvgPool2d")
 MIN_KERNELS = 2
 """A region has at least this many kernels (one convolution alone is a per-operator choice of
 :func:`ollie.runtime.onednn.best_conv` already)."""
-
-
-def _pads(v: object) -> list[int]:
-    """ONNX ``pads`` (top, left, bottom, right) from a graph attribute."""
-    from ollie.graph.execute import _pad4
-
-    t, left, b, r = _pad4(v)
-    return [t, left, b, r]
-
-
-def _pair(v: object) -> list[int]:
-    from ollie.graph.execute import _pair as pair
-
-    return list(pair(v))
 
 
 def _flat(view: object, numel: int) -> bool:
@@ -151,7 +139,7 @@ def needs_gather(expr: Expr) -> bool:
     the emission does."""
     from ollie.runtime.onnx_expr import emit_scope
 
-    b = _Builder({}, {n: tuple(s) for n, s in expr.decls})
+    b = Builder({}, {n: tuple(s) for n, s in expr.decls})
     emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
     return any(node.op_type == "Gather" for node in b.nodes)
 
@@ -215,157 +203,6 @@ def groups(prog: Program) -> list[tuple[int, int]]:
                 out.append((start, i))
             current, start = mark, i
     return out
-
-
-class _Builder:
-    """Accumulates the ONNX nodes and initializers of one region."""
-
-    def __init__(self, constants: Mapping[str, torch.Tensor],
-                 shapes: dict[str, tuple[int, ...]]) -> None:
-        self.constants, self.shapes = constants, shapes
-        self.nodes: list = []
-        self.inits: dict[str, np.ndarray] = {}
-        self.count = 0
-
-    def fresh(self, base: str) -> str:
-        self.count += 1
-        return f"_r{self.count}_{base}"
-
-    def const(self, name: str, value: np.ndarray | None = None) -> str:
-        """An initializer: the program constant ``name``, or ``value`` under a fresh name."""
-        if value is None:
-            self.inits[name] = np.ascontiguousarray(
-                np.asarray(self.constants[name], dtype=np.float32))
-            self.shapes[name] = tuple(self.inits[name].shape)
-            return name
-        fresh = self.fresh(name)
-        self.inits[fresh] = value
-        self.shapes[fresh] = tuple(value.shape)
-        return fresh
-
-    def node(self, op: str, inputs: Sequence[str], base: str, **attrs: object) -> str:
-        from onnx import helper
-
-        out = self.fresh(base)
-        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
-        return out
-
-    def reshape(self, name: str, shape: Sequence[int]) -> str:
-        if tuple(self.shapes.get(name, ())) == tuple(shape):
-            return name
-        target = self.const("shape", np.asarray(list(shape), dtype=np.int64))
-        out = self.node("Reshape", [name, target], "reshaped")
-        self.shapes[out] = tuple(shape)
-        return out
-
-    def epilogue(self, y: str, k: Kernel, residual: str | None) -> str:
-        if residual is not None:
-            y = self.node("Add", [y, residual], "sum")
-        act = k.params.get("activation")
-        return self.node(_ACT[str(act)], [y], "act") if act else y
-
-    def add(self, k: Kernel, original: Sequence[str] = ()) -> str:
-        """The ONNX nodes of kernel ``k`` (its inputs under their ONNX names; ``original``:
-        their program names, which an eOperator's expression declares); returns the name of
-        its (natural-shape) result."""
-        p = k.params
-        if k.kind == "Conv":
-            return self._conv_kernel(k)
-        if k.kind in ("eOp", "Matmul"):
-            return self._expr_kernel(k, original or k.inputs)
-        node = p["node"]
-        op, attrs = node.op, dict(node.attrs)  # type: ignore[attr-defined]
-        ins = [self.const(n) if n in self.constants else n for n in k.inputs]
-        residual = ins.pop() if p.get("residual") else None
-        if op in _CONVS:
-            w = self.inits[ins[1]]
-            kw: dict[str, object] = dict(
-                strides=_pair(attrs.get("stride", 1)), pads=_pads(attrs.get("padding", 0)),
-                dilations=_pair(attrs.get("dilation", 1)), group=int(attrs.get("groups", 1)),
-                kernel_shape=list(w.shape[2:]))
-            if op == "ConvTranspose2d":
-                kw["output_padding"] = _pair(attrs.get("output_padding", 0))
-            y = self.node("Conv" if op == "Conv2d" else "ConvTranspose", ins, "conv", **kw)
-        elif op in _POOLS:
-            kernel = _pair(attrs["kernel_size"])
-            stride = kernel if attrs.get("stride") is None else _pair(attrs["stride"])
-            kw = dict(kernel_shape=kernel, strides=stride, pads=_pads(attrs.get("padding", 0)),
-                      ceil_mode=int(bool(attrs.get("ceil_mode", False))))
-            if op == "MaxPool2d":
-                kw["dilations"] = _pair(attrs.get("dilation", 1))
-                y = self.node("MaxPool", ins, "pool", **kw)
-            else:
-                kw["count_include_pad"] = int(bool(attrs.get("count_include_pad", True)))
-                y = self.node("AveragePool", ins, "pool", **kw)
-        elif op == "Gemm":
-            kw = {a: attrs[a] for a in ("transA", "transB") if a in attrs}
-            kw.update({a: float(attrs[a]) for a in ("alpha", "beta") if a in attrs})
-            y = self.node("Gemm", ins, "gemm", **kw)
-        elif op == "Flatten":
-            y = self.node("Flatten", ins, "flat", axis=int(attrs.get("axis", 1)))
-        else:
-            y = self.node(op, ins, op.lower())
-        y = self.epilogue(y, k, residual)
-        self.shapes[y] = tuple(k.output_shape)
-        return y
-
-    def _expr_kernel(self, k: Kernel, original: Sequence[str]) -> str:
-        """An eOperator (its expression, any fused activation included) or a ``Matmul`` over
-        strided views of its operands (:mod:`ollie.runtime.onnx_expr`)."""
-        from ollie.runtime.onnx_expr import emit_scope
-        from ollie.runtime.onnx_views import view_read
-
-        assert k.expr is not None
-        views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
-        ins = [view_read(self, self.const(n) if n in self.constants else n, v)
-               for n, v in zip(k.inputs, views, strict=True)]
-        if k.kind == "Matmul":
-            y = self.node("MatMul", ins, "matmul")
-            alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
-            if alpha != 1.0:
-                y = self.node("Mul", [y, self.const("alpha", np.asarray(alpha, np.float32))],
-                              "scaled")
-            a, w = self.shapes[ins[0]], self.shapes[ins[1]]
-            self.shapes[y] = (*np.broadcast_shapes(a[:-2], w[:-2]), a[-2], w[-1])
-            return y
-        decls = k.expr.inputs
-        sources = {o: self.reshape(n, decls[o]) for o, n in zip(original, ins, strict=True)}
-        return emit_scope(self, k.expr.root, sources)
-
-    def _conv_kernel(self, k: Kernel) -> str:
-        from ollie.runtime import library
-
-        p = k.params
-        n, c, h, w, f = (int(p[a]) for a in ("n", "c", "h", "w", "f"))
-        x = self.reshape(k.inputs[0], (n, c, h, w))
-        weight = library._input(k, 1, self.constants).detach().float()
-        alpha = float(p.get("alpha", 1.0))
-        if alpha != 1.0:
-            weight = weight * alpha
-        names = [x, self.const("weight", weight.reshape(f, c, int(p["r"]), int(p["s"]))
-                               .contiguous().numpy())]
-        biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
-        if biases:
-            bias = sum(np.asarray(self.constants[b], dtype=np.float32).reshape(-1)
-                       for b in biases)
-            names.append(self.const("bias", np.asarray(bias, dtype=np.float32)))
-        pads = [int(p["ph"]), int(p["pw"]), int(p.get("ph_end", p["ph"])),
-                int(p.get("pw_end", p["pw"]))]
-        y = self.node("Conv", names, "conv", strides=[int(p["sh"]), int(p["sw"])], pads=pads,
-                      dilations=[int(p["dh"]), int(p["dw"])], group=1,
-                      kernel_shape=[int(p["r"]), int(p["s"])])
-        ho = (h + pads[0] + pads[2] - int(p["dh"]) * (int(p["r"]) - 1) - 1) // int(p["sh"]) + 1
-        wo = (w + pads[1] + pads[3] - int(p["dw"]) * (int(p["s"]) - 1) - 1) // int(p["sw"]) + 1
-        natural = (n, f, ho, wo)
-        self.shapes[y] = natural
-        residual = k.inputs[-1] if p.get("residual") else None
-        if residual is not None and residual in self.constants:
-            residual = self.const(residual)
-        if residual is not None:  # read in the convolution's NCHW shape
-            residual = self.reshape(residual, natural)
-        y = self.epilogue(y, k, residual)
-        self.shapes[y] = natural
-        return y
 
 
 def _slot(i: int) -> str:
@@ -504,7 +341,7 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
     from onnx import TensorProto, helper, numpy_helper
 
     rename: dict[str, str] = {n: _slot(i) for i, n in enumerate(inputs)}
-    b = _Builder(constants, {rename[n]: tuple(shapes[n]) for n in inputs})
+    b = Builder(constants, {rename[n]: tuple(shapes[n]) for n in inputs})
     for k in kernels:
         # each kernel reads region inputs and earlier results under their ONNX names
         y = b.add(Kernel(k.kind, k.params, tuple(rename.get(n, n) for n in k.inputs),
