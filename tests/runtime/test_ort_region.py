@@ -384,3 +384,45 @@ def test_a_regions_io_binding_follows_new_inputs_and_never_overwrites_kept_resul
     worker.start()
     worker.join()
     same(got[0], xs[0])
+
+
+def test_a_program_that_is_one_region_is_called_straight_through_its_session():
+    """A program that is one region takes dense float32 CPU tensors of its input shapes
+    straight to the session (not through ``run``); any other argument (channels-last,
+    strided, float64, numpy, a Parameter) goes through the checked path; both match the
+    module, and a kept result is never overwritten."""
+    from ollie.errors import ShapeError
+
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.ConvTranspose2d(6, 8, 4, 2, 1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 4, 3, padding=1), nn.Tanh()).eval()
+    x = torch.randn(2, 6, 5, 5)
+    prog = _optimized(m, x)
+    assert CompiledProgram(prog).whole is None  # no region marked
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None
+    cp = CompiledProgram(marked)
+    assert cp.whole is not None
+    general = []
+    run = cp.run
+    cp.run = lambda inputs: general.append(1) or run(inputs)  # type: ignore[method-assign]
+    with torch.no_grad():
+        x2 = torch.randn_like(x)
+        want, want2 = m(x), m(x2)
+    kept = cp(x)
+    torch.testing.assert_close(kept, want, rtol=1e-4, atol=1e-4)
+    second = cp(x2)
+    assert second.data_ptr() != kept.data_ptr() and not general
+    torch.testing.assert_close(second, want2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kept, want, rtol=1e-4, atol=1e-4)
+    strided = x.transpose(2, 3).contiguous().transpose(2, 3)
+    for arg in (x.to(memory_format=torch.channels_last), strided, x.double(), x.numpy(),
+                nn.Parameter(x.clone(), requires_grad=False)):
+        torch.testing.assert_close(cp(arg), want, rtol=1e-4, atol=1e-4)
+    assert len(general) == 5
+    with pytest.raises(ShapeError, match="input"):
+        cp(torch.randn(1, *x.shape[1:]))
+    # a region that leaves kernels outside it is not the whole program
+    net = ort_region.mark_regions(_optimized(*_net()))
+    assert net is not None and ort_region.groups(net) != [(0, len(net.kernels))]
+    assert CompiledProgram(net).whole is None

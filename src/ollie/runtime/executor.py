@@ -26,6 +26,7 @@ import torch
 from ollie.errors import ShapeError
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, constant_array
+from ollie.runtime import ort_region
 from ollie.runtime.buffers import BufferCache
 from ollie.runtime.kernels import OUT_KINDS, Env, KernelFn, compile_kernel, writes_out
 from ollie.runtime.onednn import dense
@@ -81,6 +82,7 @@ class CompiledProgram:
                           for n, v in program.constants.items()}
         self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
         self.followers: set[int] = set()  # a region's kernels after its first: nothing to run
+        self.regions: dict[int, ort_region.Region] = {}  # by first kernel
         regions = self._regions()
         self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
                     for i, k in enumerate(program.kernels)]
@@ -94,6 +96,18 @@ class CompiledProgram:
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self._graph: Callable[[], dict[str, torch.Tensor]] | None = None
         self._static: Env = {}
+        self.whole = self._whole_region()
+
+    def _whole_region(self) -> ort_region.Region | None:
+        """The region that is the whole program, if one is: it runs every kernel, reads the
+        program's inputs in their order and returns its outputs in theirs. A call then goes
+        straight to :meth:`ort_region.Region.call` (when its arguments need no conversion)."""
+        region = self.regions.get(0)
+        if region is None or len(self.steps) != 1 or self.cuda_graphs or \
+                region.inputs != [n for n, _ in self.program.inputs] or \
+                region.outputs != list(self.program.outputs):
+            return None
+        return region
 
     def _regions(self) -> dict[int, KernelFn]:
         """Kernel functions of the program's ONNX Runtime regions
@@ -103,14 +117,13 @@ class CompiledProgram:
         that cannot be built runs kernel by kernel."""
         if self.backend != "cpu":
             return {}
-        from ollie.runtime import ort_region
-
         fns: dict[int, KernelFn] = {}
         for start, end in ort_region.groups(self.program):
             region = ort_region.build_region(self.program, start, end, self.constants)
             if region is None:
                 continue
             self.spins |= region.spinning
+            self.regions[start] = region
 
             def first(env: Env, out: torch.Tensor | None, r: ort_region.Region = region,
                       name: str = self.program.kernels[start].output) -> torch.Tensor:
@@ -298,6 +311,11 @@ class CompiledProgram:
         if len(args) != len(names):
             raise ShapeError(f"program takes {len(names)} input(s) ({', '.join(names)}), "
                              f"got {len(args)}")
+        # a program that is one ONNX Runtime region, called with dense float32 CPU tensors of
+        # the right shapes: straight to the session (anything else: checked and converted)
+        direct = self.whole.call(args, self.buffers) if self.whole is not None else None
+        if direct is not None:
+            return direct[0] if len(direct) == 1 else tuple(direct)
         outs = self.run(dict(zip(names, args, strict=True)))
         res = tuple(outs[n] for n in self.program.outputs)
         return res[0] if len(res) == 1 else res
