@@ -90,10 +90,15 @@ def test_reads_take_the_cheapest_form():
     ops = _check(str(expr))
     assert "Gather" not in ops and ops.count("Add") == 2
     assert not needs_gather(expr)
-    # a selective add whose sum is too long to unroll keeps its gather
-    expr = ollie.parse(f"A: [{onnx_expr.UNROLL + 1}, 8]\n"
-                       f"L<h=0:8> Sum<y=0:{onnx_expr.UNROLL + 1}> A[y, h - y]")
+    # a sum of shifted reads too long to unroll keeps its gather
+    n = onnx_expr.UNROLL + 1
+    expr = ollie.parse(f"A: [{n}, {n + 7}]\nL<h=0:8> Sum<y=0:{n}> A[y, h + y]")
     assert "Gather" in _check(str(expr)) and needs_gather(expr)
+    # a selective add as long (a transposed convolution's columns summed into its image):
+    # one Col2Im, no gather
+    expr = ollie.parse(f"A: [{n}, 8]\nL<h=0:8> Sum<y=0:{n}> A[y, h - y]")
+    ops = _check(str(expr))
+    assert "Col2Im" in ops and "Gather" not in ops and not needs_gather(expr)
     # a global average pool: one GlobalAveragePool, also of an activation (post-processing
     # fuses it into the pool) or of part of a tensor (the read's slice, then the pool)
     for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625",
@@ -246,3 +251,51 @@ def test_oversized_grids_are_rejected(monkeypatch):
     monkeypatch.setattr(onnx_views, "MAX_ELEMENTS", 10)
     with pytest.raises(UnsupportedError, match="exceeds"):
         _emit(ollie.parse("A: [4, 4]\nL<i=0:4, j=0:4> A[i, j] * 2.0"))
+
+
+@st.composite
+def _selective_adds(draw):
+    """A transposed convolution's selective add ``L<n, c, h...> Sum<y...> T[...]`` over one or
+    two spatial dimensions: random stride, kernel, padding, block count and image size (up to
+    the last position a block reaches), ``T``'s dimensions in a random order."""
+    rank = draw(st.integers(1, 2))
+    lead = [("n", draw(st.integers(1, 2))), ("c", draw(st.integers(1, 3)))]
+    dims, spatial, sums = [(name, size, name) for name, size in lead], [], []
+    for h, y in (("h", "y"), ("w", "x"))[:rank]:
+        s, k = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+        p, blocks = draw(st.integers(0, k - 1)), draw(st.integers(1, 3))
+        size = draw(st.integers(1, (blocks - 1) * s + k - p))
+        spatial.append(f"{h}=0:{size}")
+        sums.append(f"{y}=0:{blocks}")
+        dims += [(f"k{h}", k, f"{h} - {s}*{y} + {p}"), (y, blocks, y)]
+    dims = draw(st.permutations(dims))
+    return (f"T: [{', '.join(str(n) for _, n, _ in dims)}]\n"
+            f"L<{', '.join(f'{n}=0:{s}' for n, s in lead)}, {', '.join(spatial)}> "
+            f"Sum<{', '.join(sums)}> T[{', '.join(i for _, _, i in dims)}]")
+
+
+@settings(max_examples=40, deadline=None)
+@given(_selective_adds())
+def test_selective_adds_become_col2im(text):
+    assert "Col2Im" in _check(text)
+
+
+def test_a_selective_add_of_a_nested_scope_reads_it_from_its_first_position():
+    # the two-stage selective add of a derived stride-2 transposed convolution (InfoGAN's
+    # last layer): the inner scope's kernel axis starts at -1, so its element t is at t + 1
+    ops = _check("T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<x=0:5> "
+                 "{ L<n=0:1, c=0:3, h=0:10, t=-1:3, x=0:5> Sum<y=0:5> "
+                 "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, x=0:5, y=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
+                 "[n, c, h - 2*y, t, x, y] }[n, c, h, w - 2*x, x]")
+    assert "Col2Im" in ops
+
+
+def test_what_is_not_a_selective_add():
+    # a forward stride (+s*y), an iterator read twice, a kernel range that starts past a
+    # block's first position (negative padding) and a summed iterator outside the kernel
+    # positions are other sums: the general form, still matching the interpreter
+    for text in ("T: [1, 4, 3]\nL<c=0:1, h=0:5> Sum<y=0:3> T[c, h + 1*y, y]",
+                 "T: [2, 4, 2]\nL<c=0:2, h=0:5> Sum<y=0:2> T[c, h - 2*y + 1, c]",
+                 "T: [1, 4, 2]\nL<c=0:1, h=0:5> Sum<y=0:2> T[c, h - 2*y - 1, y]",
+                 "T: [3, 4, 2]\nL<c=0:1, h=0:4> Sum<y=0:2, z=0:3> T[z, h - 2*y + 1, y]"):
+        assert "Col2Im" not in _check(text)

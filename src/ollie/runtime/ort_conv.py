@@ -27,15 +27,15 @@ _ONNX_ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 
 
 def session(graph: object, spinning: bool = False) -> object:
-    """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 17, checked first): every graph
-    optimisation and PyTorch's number of threads. Its threads busy-wait for work only with
-    ``spinning`` (ONNX Runtime's default): spinning threads keep taking the cores for a while
-    after a run, from whatever kernel of the program runs next."""
+    """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 18, for ``Col2Im``; checked
+    first): every graph optimisation and PyTorch's number of threads. Its threads busy-wait
+    for work only with ``spinning`` (ONNX Runtime's default): spinning threads keep taking
+    the cores for a while after a run, from whatever kernel of the program runs next."""
     import onnx
     import onnxruntime as ort
     from onnx import helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     so = ort.SessionOptions()
