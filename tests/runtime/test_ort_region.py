@@ -426,3 +426,52 @@ def test_a_program_that_is_one_region_is_called_straight_through_its_session():
     net = ort_region.mark_regions(_optimized(*_net()))
     assert net is not None and ort_region.groups(net) != [(0, len(net.kernels))]
     assert CompiledProgram(net).whole is None
+
+
+def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatch):
+    """A batch-1 transposed convolution as a derived product (the input read through a
+    transposed view, a constant weight) and a selective add, then a 1x1 convolution: one
+    region whose ``MatMul``
+    reads the weight as a 2-D initializer (ONNX Runtime prepacks only those) and whose
+    selective add is one ``Col2Im``; it matches ``conv_transpose2d`` + ``conv2d``."""
+    import numpy as np
+
+    from ollie.graph.ir import Node
+    from ollie.program.kernel import View
+    from ollie.runtime import ort_conv
+
+    c, f, h = 3, 5, 2  # stride 2, kernel 4, padding 1
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((c, f, 4, 4)).astype(np.float32)
+    product = ollie.parse(f"X: [1, {c}, {h}, {h}]\nW: [{c}, {f}, 4, 4]\n"
+                          f"L<y=0:{h}, x=0:{h}, n=0:1, o=0:{f}, r=0:4, s=0:4> Sum<k=0:{c}> "
+                          "X[n, k, y, x] * W[k, o, r, s]")
+    mm = Kernel("Matmul", {"b": 1, "m": h * h, "n": f * 16, "k": c, "trans_a": True,
+                           "trans_b": False}, ("X", "W"), "cols", product,
+                (View(0, (1, h * h, c), (c * h * h, 1, h * h)),
+                 View(0, (1, c, f * 16), (c * f * 16, f * 16, 1))))
+    add = ollie.parse(f"cols: [{h}, {h}, 1, {f}, 4, 4]\n"
+                      f"L<n=0:1, o=0:{f}, a=0:{2 * h}, b=0:{2 * h}> Sum<y=0:{h}, x=0:{h}> "
+                      "cols[y, x, n, o, a - 2*y + 1, b - 2*x + 1]")
+    eop = Kernel("eOp", {"expr": str(add)}, ("cols",), "out", add)
+    w2 = rng.standard_normal((2, f, 1, 1)).astype(np.float32)  # a region holds a convolution
+    conv = Kernel("Node", {"node": Node("Conv2d", ("out", "W2"), ("z",), {}), "op": "Conv2d"},
+                  ("out", "W2"), "z", None, shape=(1, 2, 2 * h, 2 * h))
+    prog = Program((("X", (1, c, h, h)),), ("z",), [mm, eop, conv], {"W": w, "W2": w2})
+    graphs = []
+    session = ort_conv.session
+    monkeypatch.setattr(ort_conv, "session",
+                        lambda graph, spinning=False: graphs.append(graph) or
+                        session(graph, spinning))
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and ort_region.groups(marked) == [(0, 3)]
+    compiled = CompiledProgram(marked)
+    assert compiled.whole is not None and graphs
+    inits = {i.name: tuple(i.dims) for i in graphs[-1].initializer}
+    ops = [n.op_type for n in graphs[-1].node]
+    (matmul,) = [n for n in graphs[-1].node if n.op_type == "MatMul"]
+    assert inits.get(matmul.input[1]) == (c, f * 16) and ops.count("Col2Im") == 1
+    x = torch.randn(1, c, h, h)
+    want = torch.nn.functional.conv2d(torch.nn.functional.conv_transpose2d(
+        x, torch.from_numpy(w), stride=2, padding=1), torch.from_numpy(w2))
+    torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)

@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ollie.program.kernel import Kernel
+from ollie.errors import UnsupportedError
+from ollie.program.kernel import Kernel, View
+from ollie.runtime.onnx_views import out_node
 
 ACT = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 """Fused activations and their ONNX operators."""
@@ -126,6 +128,45 @@ class Builder:
         self.shapes[y] = tuple(k.output_shape)
         return y
 
+    def _matmul(self, k: Kernel, views: Sequence[View | None]) -> str:
+        """A ``Matmul`` kernel over strided views of its operands. A constant operand becomes
+        an initializer holding what its view reads, and with every batch size 1 the product
+        is 2-D: ONNX Runtime prepacks a constant right operand only when it is a 2-D
+        initializer. On the 2-core Xeon VM (2026-11-25, InfoGAN b1, one region, the
+        448 -> 256 layer as a transposed product + selective add): 0.79 ms with the batched
+        product over reshapes of the weight, against 0.48-0.53 ms for the region of the
+        original operators."""
+        from ollie.runtime.onnx_views import view_read
+
+        ops: list[np.ndarray | str] = []
+        for n, v in zip(k.inputs, views, strict=True):
+            if n not in self.constants:
+                ops.append(view_read(self, n, v))
+                continue
+            t = torch.as_tensor(self.constants[n], dtype=torch.float32).contiguous()
+            if v is not None:
+                last = v.offset + sum((s - 1) * abs(st) for s, st in zip(v.sizes, v.strides,
+                                                                         strict=True))
+                if v.offset < 0 or last >= t.numel() or min(v.strides, default=0) < 0:
+                    raise UnsupportedError("a view reads outside its tensor")
+                t = torch.as_strided(t.reshape(-1), tuple(v.sizes), tuple(v.strides), v.offset)
+            ops.append(t.contiguous().numpy())
+        a, w = (tuple(o.shape) if isinstance(o, np.ndarray) else self.shapes[o] for o in ops)
+        shape = (*np.broadcast_shapes(a[:-2], w[:-2]), a[-2], w[-1])
+        flat = all(d == 1 for d in a[:-2] + w[:-2])
+        ins = []
+        for o in ops:
+            if isinstance(o, np.ndarray):
+                ins.append(self.const("operand", o.reshape(o.shape[-2:]) if flat else o))
+            else:
+                ins.append(self.reshape(o, self.shapes[o][-2:]) if flat else o)
+        y = out_node(self, "MatMul", ins, (a[-2], w[-1]) if flat else shape, "matmul")
+        alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+        if alpha != 1.0:
+            y = out_node(self, "Mul", [y, self.const("alpha", np.asarray(alpha, np.float32))],
+                         self.shapes[y], "scaled")
+        return self.reshape(y, shape)
+
     def _expr_kernel(self, k: Kernel, original: Sequence[str]) -> str:
         """An eOperator (its expression, any fused activation included) or a ``Matmul`` over
         strided views of its operands (:mod:`ollie.runtime.onnx_expr`)."""
@@ -134,17 +175,10 @@ class Builder:
 
         assert k.expr is not None
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
+        if k.kind == "Matmul":
+            return self._matmul(k, views)
         ins = [view_read(self, self.const(n) if n in self.constants else n, v)
                for n, v in zip(k.inputs, views, strict=True)]
-        if k.kind == "Matmul":
-            y = self.node("MatMul", ins, "matmul")
-            alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
-            if alpha != 1.0:
-                y = self.node("Mul", [y, self.const("alpha", np.asarray(alpha, np.float32))],
-                              "scaled")
-            a, w = self.shapes[ins[0]], self.shapes[ins[1]]
-            self.shapes[y] = (*np.broadcast_shapes(a[:-2], w[:-2]), a[-2], w[-1])
-            return y
         decls = k.expr.inputs
         sources = {o: self.reshape(n, decls[o]) for o, n in zip(original, ins, strict=True)}
         return emit_scope(self, k.expr.root, sources)

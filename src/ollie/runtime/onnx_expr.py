@@ -120,11 +120,12 @@ class _Scope:
     def _col2im(self) -> str | None:
         """A selective add (the columns of a transposed convolution summed into its image):
         ``L<c..., h...> Sum<y...> T[...]`` whose one read indexes ``T`` by each leading
-        traversal iterator ``c`` alone, each summation iterator ``y`` alone and, per trailing
+        traversal iterator ``c`` alone, each summation iterator ``y`` alone and, per spatial
         traversal iterator ``h``, one kernel position ``h - s*y + p`` (``s > 0``), as a
         ``Transpose`` + ``Reshape`` of ``T`` to ``[1, C*K, L]`` and one ONNX ``Col2Im``
         (image position ``s*y - p + k``, kernel positions outside ``T`` contributing
-        nothing, as in the reference semantics); else None.
+        nothing, as in the reference semantics); else None. Positions count from each
+        iterator's and each nested scope's first one.
 
         ONNX Runtime's ``Col2Im`` lets a derived ``Matmul`` + selective add stay in a region
         (a ``Gather`` over the grid costs more). On the 2-core Xeon VM (2026-11-25, InfoGAN
@@ -132,48 +133,53 @@ class _Scope:
         transposed convolution as ``MatMul`` (constant weight, prepacked) + ``Col2Im``,
         alternating): 0.488-0.495 against 0.438-0.441 ms; the 256 -> 128 and 128 -> 64
         layers so were slower (0.50-0.51 against 0.54-0.57 ms for both): which form runs is
-        measured by the selection."""
+        measured by the selection. The two-stage form (one spatial dimension per stage, the
+        other read alone after it) is left to the general emission: as two ``Col2Im`` with
+        one-element kernels it took 1270 us against 23 us for the one-stage form on that
+        layer's [2, 2, 1, 256, 4, 4] columns (ONNX Runtime 1.32)."""
         scope, body = self.scope, self.scope.body
         if not isinstance(body, Access) or not scope.summation or \
-                any(it.lo != 0 for it in self.iters):
+                any(it.lo != 0 for it in scope.summation):
             return None
         size = {it.name: it.size for it in self.iters}
+        first = {it.name: it.lo for it in scope.traversal}
         trav = [it.name for it in scope.traversal]
         summ = {it.name for it in scope.summation}
+        if isinstance(body.source, Scope):  # a nested scope's element x is at x - lo
+            dims, lo = body.source.shape, [it.lo for it in body.source.traversal]
+        else:
+            dims = self.b.shapes[self.sources[body.source]]
+            lo = [0] * len(dims)
         alone: dict[str, int] = {}
         kernel: dict[str, tuple[int, str, int, int]] = {}  # h -> (dim of T, y, s, p)
         for d, q in enumerate(body.indices):
-            v = q.as_var()
-            if v is not None:
-                if v in alone:
+            terms = {a.name: c for a, c in q.terms if isinstance(a, Var)}
+            if len(terms) != len(q.terms):
+                return None
+            # the position in T of the iterators' first positions
+            at = q.const + sum(c * first.get(n, 0) for n, c in terms.items()) - lo[d]
+            if len(terms) == 1 and next(iter(terms.values())) == 1:
+                (v,) = terms
+                if v in alone or at != 0 or dims[d] != size[v]:
                     return None
                 alone[v] = d
                 continue
-            terms = dict(q.terms)
-            if len(terms) != 2 or not all(isinstance(a, Var) for a in terms):
+            if len(terms) != 2:
                 return None
-            (h, ch), (y, cy) = sorted(((a.name, c) for a, c in terms.items()),  # type: ignore[union-attr]
-                                      key=lambda t: t[0] in summ)
+            (h, ch), (y, cy) = sorted(terms.items(), key=lambda t: t[0] in summ)
             if ch != 1 or cy >= 0 or h in summ or y not in summ or h in kernel:
                 return None
-            kernel[h] = (d, y, -cy, q.const)
+            kernel[h] = (d, y, -cy, at)
         spatial = [h for h in trav if h in kernel]
         lead = [t for t in trav if t not in kernel]
         ys = [kernel[h][1] for h in spatial]
         if not spatial or trav != lead + spatial or set(alone) != set(lead) | summ or \
                 len(set(ys)) != len(ys) or set(ys) != summ:
             return None
-        if isinstance(body.source, Scope):  # a nested scope's element x is at x - lo
-            dims, lo = body.source.shape, [it.lo for it in body.source.traversal]
-        else:
-            dims = self.b.shapes[self.sources[body.source]]
-            lo = [0] * len(dims)
-        if any(dims[alone[n]] != size[n] or lo[alone[n]] for n in alone):
-            return None
         ks, strides, begin, end = [], [], [], []
         for h in spatial:
             d, y, st, p = kernel[h]
-            k, blocks, p = dims[d], size[y], p - lo[d]
+            k, blocks = dims[d], size[y]
             after = (blocks - 1) * st + k - size[h] - p  # so that Col2Im counts `blocks`
             if p < 0 or after < 0:
                 return None
