@@ -292,8 +292,7 @@ def test_a_selective_add_of_a_nested_scope_reads_it_from_its_first_position():
                  "[n, c, h - 2*y, w - 2*x, y, x]")
     assert ops.count("Col2Im") == 1 and "Gather" not in ops
     # the two-stage form of a derived stride-2 transposed convolution (InfoGAN's last layer):
-    # the outer sum (over w, h leading) one Col2Im; the inner one, whose other spatial
-    # iterators come after its kernel's, the general emission
+    # the stages merged (the nested scope inlined), one Col2Im
     ops = _check("T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<x=0:5> "
                  "{ L<n=0:1, c=0:3, h=0:10, t=-1:3, x=0:5> Sum<y=0:5> "
                  "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, x=0:5, y=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
@@ -310,3 +309,23 @@ def test_what_is_not_a_selective_add():
                  "T: [1, 4, 2]\nL<c=0:1, h=0:5> Sum<y=0:2> T[c, h - 2*y - 1, y]",
                  "T: [3, 4, 2]\nL<c=0:1, h=0:4> Sum<y=0:2, z=0:3> T[z, h - 2*y + 1, y]"):
         assert "Col2Im" not in _check(text)
+
+
+def test_two_stage_selective_adds_merge_into_one_col2im_only_when_values_are_kept():
+    # InfoGAN's derived 448 -> 256 layer, smaller: the inner stage over w, the outer over h,
+    # the inner kernel axis t from -1 (T's positions 0..3 exactly): merged, one Col2Im
+    ops = _check("T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
+                 "{ L<n=0:1, c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> "
+                 "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]")
+    assert ops.count("Col2Im") == 1 and "Gather" not in ops
+    # the nested scope covers only part of T's kernel axis (t from 0): reads at t = -1 are
+    # zero there but not in T, so nothing is merged (and the values still match)
+    ops = _check("T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
+                 "{ L<n=0:1, c=0:3, t=0:3, w=0:4, y=0:2> Sum<x=0:2> "
+                 "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]")
+    assert "Col2Im" not in ops
+    # the inner sum named as the outer one: renamed, two different sums
+    ops = _check("T: [2, 2, 3, 4, 4]\nL<c=0:3, h=0:4, w=0:4> Sum<x=0:2> "
+                 "{ L<c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> T[y, x, c, t + 1, w - 2*x + 1] }"
+                 "[c, h - 2*x, w, x]")
+    assert ops.count("Col2Im") == 1

@@ -428,12 +428,15 @@ def test_a_program_that_is_one_region_is_called_straight_through_its_session():
     assert CompiledProgram(net).whole is None
 
 
-def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatch):
+@pytest.mark.parametrize("bound", ["memory", "compute"])
+def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatch, bound):
     """A batch-1 transposed convolution as a derived product (the input read through a
     transposed view, a constant weight) and a selective add, then a 1x1 convolution: one
     region whose ``MatMul``
     reads the weight as a 2-D initializer (ONNX Runtime prepacks only those) and whose
-    selective add is one ``Col2Im``; it matches ``conv_transpose2d`` + ``conv2d``."""
+    selective add is one ``Col2Im``, also when the selective add is classed compute-bound (a
+    compute-bound eOperator that is a product ends a region: ``test_what_ends_a_run``); it
+    matches ``conv_transpose2d`` + ``conv2d``."""
     import numpy as np
 
     from ollie.graph.ir import Node
@@ -453,7 +456,7 @@ def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatc
     add = ollie.parse(f"cols: [{h}, {h}, 1, {f}, 4, 4]\n"
                       f"L<n=0:1, o=0:{f}, a=0:{2 * h}, b=0:{2 * h}> Sum<y=0:{h}, x=0:{h}> "
                       "cols[y, x, n, o, a - 2*y + 1, b - 2*x + 1]")
-    eop = Kernel("eOp", {"expr": str(add)}, ("cols",), "out", add)
+    eop = Kernel("eOp", {"expr": str(add), "bound": bound}, ("cols",), "out", add)
     w2 = rng.standard_normal((2, f, 1, 1)).astype(np.float32)  # a region holds a convolution
     conv = Kernel("Node", {"node": Node("Conv2d", ("out", "W2"), ("z",), {}), "op": "Conv2d"},
                   ("out", "W2"), "z", None, shape=(1, 2, 2 * h, 2 * h))

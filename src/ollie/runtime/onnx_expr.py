@@ -40,8 +40,8 @@ import numpy as np
 
 from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
-from ollie.ir.index import Affine, Var
-from ollie.ir.nodes import Node, accesses
+from ollie.ir.index import Affine, Var, var
+from ollie.ir.nodes import Iter, Node, accesses
 from ollie.runtime.onnx_views import (
     MAX_ELEMENTS,
     Emitter,
@@ -85,6 +85,11 @@ class _Scope:
 
     def emit(self) -> str:
         nt = len(self.scope.traversal)
+        merged = self._merged()
+        if merged is not None:
+            folded = _Scope(self.b, merged, self.sources, self.nested)._col2im()
+            if folded is not None:
+                return folded
         folded = self._col2im()
         if folded is not None:
             return folded
@@ -116,6 +121,55 @@ class _Scope:
             value = out_node(self.b, "Expand", [value, self.b.const("shape", int_array(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
+
+    def _merged(self) -> Scope | None:
+        """This scope with the nested scope its one read reads inlined, when that scope's body
+        is one read as well and inlining keeps every value: each of the nested scope's
+        traversal iterators is either always read inside its range, or indexes the inner
+        tensor alone (``i + c``) over exactly the positions that range covers, so that a read
+        outside the range (zero in the reference semantics) reads outside the inner tensor
+        (zero as well). The nested scope's summation iterators join this scope's (renamed
+        where they clash). Else None. The two-stage selective add of a derived transposed
+        convolution so becomes the one-stage form, one ``Col2Im`` (:meth:`_col2im`): on the
+        2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4] two-stage add took 1270 us
+        as two ``Col2Im`` against 23 us merged."""
+        scope, body = self.scope, self.scope.body
+        if not isinstance(body, Access) or not isinstance(body.source, Scope):
+            return None
+        inner = body.source
+        read = inner.body
+        if not isinstance(read, Access):
+            return None
+        ranges = scope.ranges
+        taken = set(ranges)
+        renamed: list[Iter] = []
+        mapping: dict[str, Affine] = {it.name: e for it, e in
+                                      zip(inner.traversal, body.indices, strict=True)}
+        for it in inner.summation:
+            name, k = it.name, 0
+            while name in taken:
+                k += 1
+                name = f"{it.name}_{k}"
+            taken.add(name)
+            renamed.append(Iter(name, it.lo, it.hi))
+            mapping[it.name] = var(name)
+        if isinstance(read.source, Scope):
+            valid = [it.range for it in read.source.traversal]
+        else:
+            valid = [(0, n) for n in self.b.shapes[self.sources[read.source]]]
+        for it, e in zip(inner.traversal, body.indices, strict=True):
+            lo, hi = e.bounds(ranges)
+            if it.lo <= lo and hi < it.hi:
+                continue  # always read inside the nested scope
+            dims = [d for d, g in enumerate(read.indices) if it.name in g.vars()]
+            if len(dims) != 1 or read.indices[dims[0]].terms != ((Var(it.name), 1),):
+                return None
+            shift = read.indices[dims[0]].const
+            first, end = valid[dims[0]]
+            if not (it.lo <= first - shift and end - shift <= it.hi):
+                return None
+        return Scope(scope.traversal, scope.summation + tuple(renamed),
+                     Access(read.source, tuple(g.subst(mapping) for g in read.indices)))
 
     def _col2im(self) -> str | None:
         """A selective add (the columns of a transposed convolution summed into its image):

@@ -113,11 +113,12 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
     :data:`ollie.runtime.onnx_views.MAX_ELEMENTS` (the emission itself may still reject the
     kernel, and then the region is not built). A compute-bound eOperator (its ``bound``
     parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it would be
-    an element-wise product over its whole grid followed by a ``ReduceSum``."""
+    an element-wise product over its whole grid followed by a ``ReduceSum``; unless it is a
+    selective add emitted as a ``Col2Im`` (:func:`_cheap`)."""
     from ollie.ir.nodes import nested_scopes
     from ollie.runtime.onnx_views import MAX_ELEMENTS, view_gathers
 
-    if k.expr is None or k.params.get("bound") == "compute":
+    if k.expr is None or (k.params.get("bound") == "compute" and k.kind != "eOp"):
         return False
     if any(v is not None and math.prod(v.sizes) > MAX_ELEMENTS for v in k.views):
         return False
@@ -130,31 +131,44 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
                    for n, v in zip(k.inputs, views, strict=True))
     root = k.expr.root
     return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
-               for s in (root, *nested_scopes(root))) and _cheap(k.expr)
+               for s in (root, *nested_scopes(root))) and \
+        _cheap(k.expr, k.params.get("bound") == "compute")
 
 
 def needs_gather(expr: Expr) -> bool:
     """Whether :func:`ollie.runtime.onnx_expr.emit_scope` reads some tensor of ``expr``
     through a ``Gather`` (an index tensor as large as the read); raises UnsupportedError as
     the emission does."""
+    return "Gather" in emitted_ops(expr)
+
+
+def emitted_ops(expr: Expr) -> list[str]:
+    """The ONNX operator types :func:`ollie.runtime.onnx_expr.emit_scope` emits for ``expr``,
+    in order; raises UnsupportedError as the emission does."""
     from ollie.runtime.onnx_expr import emit_scope
 
     b = Builder({}, {n: tuple(s) for n, s in expr.decls})
     emit_scope(b, expr.root, {n: n for n, _ in expr.decls})
-    return any(node.op_type == "Gather" for node in b.nodes)
+    return [node.op_type for node in b.nodes]
 
 
 @functools.lru_cache(maxsize=1024)
-def _cheap(expr: Expr) -> bool:
+def _cheap(expr: Expr, compute: bool = False) -> bool:
     """Whether ``expr`` becomes ONNX operators without a ``Gather`` (a scatter-like selective
     add would gather its whole iteration grid: slower in ONNX Runtime than the generated
-    kernel, measured on GCN)."""
+    kernel, measured on GCN). ``compute``: an eOperator classed compute-bound, accepted only
+    when its sum is a ``Col2Im`` and no ``ReduceSum`` over a grid (a derived transposed
+    convolution's selective add, whose unmerged grid counts as many additions as a product:
+    DCGAN's last layer)."""
     from ollie.errors import UnsupportedError
 
     try:
-        return not needs_gather(expr)
+        ops = emitted_ops(expr)
     except UnsupportedError:
         return False
+    if compute and ("Col2Im" not in ops or "ReduceSum" in ops):
+        return False
+    return "Gather" not in ops
 
 
 def _is_conv(k: Kernel) -> bool:
@@ -415,5 +429,5 @@ def _agrees(region: Region, prog: Program, start: int, end: int,
     return True
 
 
-__all__ = ["LIBRARY", "Region", "build_region", "exportable", "groups", "holds_all_compute",
-           "mark_regions", "needs_gather", "spans"]
+__all__ = ["LIBRARY", "Region", "build_region", "emitted_ops", "exportable", "groups",
+           "holds_all_compute", "mark_regions", "needs_gather", "spans"]

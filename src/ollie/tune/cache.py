@@ -24,7 +24,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ollie"
 
 
-RUNTIME_VERSION = 21
+RUNTIME_VERSION = 22
 """Bumped whenever kernels or the executor change in a way that changes measured times (it is
 part of every key, so measurements and decisions of an older runtime are not reused). 12:
 program-level comparisons settle before a spinning variant's samples (decisions timed before
@@ -39,7 +39,7 @@ products may run as ``(b.T @ a.T).T`` ("MKL transposed"); ONNX Runtime regions r
 kept I/O binding. 20: Winograd's F(2x2) tile also tried where the F(4x4) weights exceed 32 MiB
 whatever the cache the machine reports. 21: selective adds run in ONNX Runtime regions as
 ``Col2Im`` (regions at opset 18); a program that is one region is called straight through its
-session."""
+session. 22: a two-stage selective add is merged into one ``Col2Im`` in a region."""
 
 
 def device_key(device: str) -> str:
