@@ -284,20 +284,48 @@ def test_selective_adds_become_col2im(text):
     assert "Col2Im" in _check(text)
 
 
-def test_a_selective_add_of_a_nested_scope_reads_it_from_its_first_position():
+_NESTED = {
     # a selective add of a nested scope whose kernel axes start at -1: its element t is at
     # t + 1 (one Col2Im for the sum; the inner scope is a shifted read)
-    ops = _check("T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<y=0:5, x=0:5> "
-                 "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, y=0:5, x=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
-                 "[n, c, h - 2*y, w - 2*x, y, x]")
-    assert ops.count("Col2Im") == 1 and "Gather" not in ops
+    "nested scope": (
+        "T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<y=0:5, x=0:5> "
+        "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, y=0:5, x=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
+        "[n, c, h - 2*y, w - 2*x, y, x]", 1),
     # the two-stage form of a derived stride-2 transposed convolution (InfoGAN's last layer):
     # the stages merged (the nested scope inlined), one Col2Im
-    ops = _check("T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<x=0:5> "
-                 "{ L<n=0:1, c=0:3, h=0:10, t=-1:3, x=0:5> Sum<y=0:5> "
-                 "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, x=0:5, y=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
-                 "[n, c, h - 2*y, t, x, y] }[n, c, h, w - 2*x, x]")
-    assert ops.count("Col2Im") == 1 and "Gather" not in ops
+    "two stages, last layer": (
+        "T: [1, 3, 4, 4, 5, 5]\nL<n=0:1, c=0:3, h=0:10, w=0:10> Sum<x=0:5> "
+        "{ L<n=0:1, c=0:3, h=0:10, t=-1:3, x=0:5> Sum<y=0:5> "
+        "{ L<n=0:1, c=0:3, t1=-1:3, t=-1:3, x=0:5, y=0:5> T[n, c, t1 + 1, t + 1, y, x] }"
+        "[n, c, h - 2*y, t, x, y] }[n, c, h, w - 2*x, x]", 1),
+    # InfoGAN's derived 448 -> 256 layer, smaller: the inner stage over w, the outer over h,
+    # the inner kernel axis t from -1 (T's positions 0..3 exactly): merged, one Col2Im
+    "two stages, product transposed": (
+        "T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
+        "{ L<n=0:1, c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> "
+        "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]", 1),
+    # the nested scope covers only part of T's kernel axis (t from 0): reads at t = -1 are
+    # zero there but not in T, so nothing is merged (and the values still match)
+    "nested range narrower than T": (
+        "T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
+        "{ L<n=0:1, c=0:3, t=0:3, w=0:4, y=0:2> Sum<x=0:2> "
+        "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]", 0),
+    # the inner sum named as the outer one: renamed, two different sums
+    "clashing sum names": (
+        "T: [2, 2, 3, 4, 4]\nL<c=0:3, h=0:4, w=0:4> Sum<x=0:2> "
+        "{ L<c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> T[y, x, c, t + 1, w - 2*x + 1] }"
+        "[c, h - 2*x, w, x]", 1),
+}
+
+
+@pytest.mark.parametrize("case", list(_NESTED))
+def test_nested_and_two_stage_selective_adds(case):
+    """Selective adds of nested scopes, merged into one ``Col2Im`` only where that keeps every
+    value; all match the interpreter."""
+    text, col2im = _NESTED[case]
+    ops = _check(text)
+    assert ops.count("Col2Im") == col2im
+    assert not col2im or "Gather" not in ops
 
 
 def test_what_is_not_a_selective_add():
@@ -309,23 +337,3 @@ def test_what_is_not_a_selective_add():
                  "T: [1, 4, 2]\nL<c=0:1, h=0:5> Sum<y=0:2> T[c, h - 2*y - 1, y]",
                  "T: [3, 4, 2]\nL<c=0:1, h=0:4> Sum<y=0:2, z=0:3> T[z, h - 2*y + 1, y]"):
         assert "Col2Im" not in _check(text)
-
-
-def test_two_stage_selective_adds_merge_into_one_col2im_only_when_values_are_kept():
-    # InfoGAN's derived 448 -> 256 layer, smaller: the inner stage over w, the outer over h,
-    # the inner kernel axis t from -1 (T's positions 0..3 exactly): merged, one Col2Im
-    ops = _check("T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
-                 "{ L<n=0:1, c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> "
-                 "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]")
-    assert ops.count("Col2Im") == 1 and "Gather" not in ops
-    # the nested scope covers only part of T's kernel axis (t from 0): reads at t = -1 are
-    # zero there but not in T, so nothing is merged (and the values still match)
-    ops = _check("T: [2, 2, 1, 3, 4, 4]\nL<n=0:1, c=0:3, h=0:4, w=0:4> Sum<y=0:2> "
-                 "{ L<n=0:1, c=0:3, t=0:3, w=0:4, y=0:2> Sum<x=0:2> "
-                 "T[y, x, n, c, t + 1, w - 2*x + 1] }[n, c, h - 2*y, w, y]")
-    assert "Col2Im" not in ops
-    # the inner sum named as the outer one: renamed, two different sums
-    ops = _check("T: [2, 2, 3, 4, 4]\nL<c=0:3, h=0:4, w=0:4> Sum<x=0:2> "
-                 "{ L<c=0:3, t=-1:3, w=0:4, y=0:2> Sum<x=0:2> T[y, x, c, t + 1, w - 2*x + 1] }"
-                 "[c, h - 2*x, w, x]")
-    assert ops.count("Col2Im") == 1
