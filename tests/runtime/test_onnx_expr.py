@@ -337,3 +337,30 @@ def test_what_is_not_a_selective_add():
                  "T: [1, 4, 2]\nL<c=0:1, h=0:5> Sum<y=0:2> T[c, h - 2*y - 1, y]",
                  "T: [3, 4, 2]\nL<c=0:1, h=0:4> Sum<y=0:2, z=0:3> T[z, h - 2*y + 1, y]"):
         assert "Col2Im" not in _check(text)
+
+
+def test_a_products_constant_operand_is_what_its_view_reads():
+    """A ``Matmul`` reading a constant through a view (here reversed by a negative stride)
+    gets an initializer holding what the view reads; a batch-1 product is 2-D (ONNX Runtime
+    prepacks only a 2-D constant right operand)."""
+    from ollie.program.kernel import Kernel
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 2, 4)).astype(np.float32)
+    expr = ollie.parse("x: [1, 2, 4]\nw: [4, 3]\n"
+                       "L<b=0:1, i=0:2, j=0:3> Sum<k=0:4> x[b, i, k] * w[-k + 3, j]")
+    k = Kernel("Matmul", {"b": 1, "m": 2, "n": 3, "k": 4}, ("x", "w"), "y", expr,
+               (None, View(9, (1, 4, 3), (12, -3, 1))))
+    b = Builder({"w": torch.from_numpy(w)}, {"x": (1, 2, 4)})
+    y = b.add(k, ("x", "w"))
+    np.testing.assert_allclose(_run(b, {"x": x}, y).reshape(1, 2, 3), x @ w[::-1],
+                               rtol=1e-5, atol=1e-6)
+    (matmul,) = [n for n in b.nodes if n.op_type == "MatMul"]
+    assert b.inits[matmul.input[1]].shape == (4, 3)
+    # outside the constant: refused (the kernel then ends the region)
+    with pytest.raises(UnsupportedError):
+        Builder({"w": torch.from_numpy(w)}, {"x": (1, 2, 4)}).add(
+            Kernel("Matmul", k.params, k.inputs, "y", expr, (None, View(10, (1, 4, 3),
+                                                                        (12, -3, 1)))),
+            ("x", "w"))

@@ -87,13 +87,27 @@ def view_gathers(view: View | None, numel: int) -> bool:
     return view is not None and _permuted(view, numel) is None
 
 
+def view_positions(view: View, numel: int) -> np.ndarray:
+    """The flat positions (int64, shape ``view.sizes``) ``view`` reads in a tensor of
+    ``numel`` elements; UnsupportedError when one lies outside it."""
+    pos = np.full((1,) * len(view.sizes), view.offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(view.sizes, view.strides, strict=True)):
+        shape = [1] * len(view.sizes)
+        shape[d] = n
+        pos = pos + np.arange(n, dtype=np.int64).reshape(shape) * s
+    pos = np.broadcast_to(pos, tuple(view.sizes))
+    if int(pos.min(initial=0)) < 0 or int(pos.max(initial=0)) >= numel:
+        raise UnsupportedError("a view reads outside its tensor")
+    return pos
+
+
 def view_read(b: Emitter, name: str, view: View | None) -> str:
     """The ONNX value of shape ``view.sizes`` that ``view`` reads from the flat storage of
     ``name`` (``name`` itself when ``view`` is None)."""
     if view is None:
         return name
     numel = math.prod(b.shapes[name])
-    sizes, strides = tuple(view.sizes), tuple(view.strides)
+    sizes = tuple(view.sizes)
     order = _permuted(view, numel)
     if order is not None:
         # the tensor's memory as the dimensions it steps through, permuted into view order,
@@ -110,18 +124,11 @@ def view_read(b: Emitter, name: str, view: View | None) -> str:
             y = out_node(b, "Expand", [y, b.const("sizes", int_array(sizes))], sizes, "expand")
         return y
     check_size(math.prod(sizes), "a strided view")
-    pos = np.full((1,) * len(sizes), view.offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(sizes, strides, strict=True)):
-        shape = [1] * len(sizes)
-        shape[d] = n
-        pos = pos + np.arange(n, dtype=np.int64).reshape(shape) * s
-    pos = np.broadcast_to(pos, sizes)
-    if int(pos.min(initial=0)) < 0 or int(pos.max(initial=0)) >= numel:
-        raise UnsupportedError("a view reads outside its tensor")
+    pos = view_positions(view, numel)
     flat = b.reshape(name, (numel,))
     return out_node(b, "Gather", [flat, b.const("positions", np.ascontiguousarray(pos))], sizes,
                    "view", axis=0)
 
 
 __all__ = ["MAX_ELEMENTS", "Emitter", "broadcast", "check_size", "int_array", "out_node",
-           "view_gathers", "view_read"]
+           "view_gathers", "view_positions", "view_read"]

@@ -17,10 +17,11 @@ through :mod:`ollie.runtime.onnx_expr`), marks them in ``params["region"]``
 (:func:`build_region`; its nodes from :class:`ollie.runtime.onnx_build.Builder`): the run's
 inputs are the tensors it reads that earlier kernels (or the caller) produced, its constants
 are initializers, its outputs are the tensors later kernels or the program's caller read.
-Banded ``G2BMM`` / ``GBMM`` kernels and compute-bound eOperators
-end a run: they stay Ollie's own kernels. With the eOperators inside, a whole network can be
-one session (ResNet-18: the derived shortcut layouts, the last residual + ReLU + global pool),
-so that no OpenMP thread pool of another runtime sits between its parts.
+Banded ``G2BMM`` / ``GBMM`` kernels and compute-bound eOperators end a run: they stay
+Ollie's own kernels (except a selective add emitted as one ``Col2Im``). With the eOperators
+inside, a whole network can be one session (ResNet-18: the derived shortcut layouts, the last
+residual + ReLU + global pool), so that no OpenMP thread pool of another runtime sits between
+its parts.
 
 Whether regions pay off is measured, not assumed: :func:`ollie.optimizer.libraries.
 choose_libraries` times the program with regions against the other library choices and
