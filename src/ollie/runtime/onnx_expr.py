@@ -126,12 +126,13 @@ class _Scope:
         """This scope with the nested scope its one read reads inlined, when that scope's body
         is one read as well and inlining keeps every value: each of the nested scope's
         traversal iterators is either always read inside its range, or indexes the inner
-        tensor alone (``i + c``) over exactly the positions that range covers, so that a read
-        outside the range (zero in the reference semantics) reads outside the inner tensor
-        (zero as well). The nested scope's summation iterators join this scope's (renamed
-        where they clash). Else None. The two-stage selective add of a derived transposed
-        convolution so becomes the one-stage form, one ``Col2Im`` (:meth:`_col2im`): on the
-        2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4] two-stage add took 1270 us
+        tensor alone (``i + c``) with every position valid in the inner tensor inside that
+        range, so that a read outside the range (zero in the reference semantics) reads
+        outside the inner tensor (zero as well). The nested scope's summation iterators join
+        this scope's (renamed where they clash). Else None. The two-stage selective add of a
+        derived transposed convolution so becomes the one-stage form, one ``Col2Im``
+        (:meth:`_col2im`): on the 2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4]
+        two-stage add took 1270 us
         as two ``Col2Im`` against 23 us merged."""
         scope, body = self.scope, self.scope.body
         if not isinstance(body, Access) or not isinstance(body.source, Scope):
