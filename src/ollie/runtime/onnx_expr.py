@@ -132,8 +132,7 @@ class _Scope:
         this scope's (renamed where they clash). Else None. The two-stage selective add of a
         derived transposed convolution so becomes the one-stage form, one ``Col2Im``
         (:meth:`_col2im`): on the 2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4]
-        two-stage add took 1270 us
-        as two ``Col2Im`` against 23 us merged."""
+        two-stage add took 1270 us as two ``Col2Im`` against 23 us merged."""
         scope, body = self.scope, self.scope.body
         if not isinstance(body, Access) or not isinstance(body.source, Scope):
             return None
