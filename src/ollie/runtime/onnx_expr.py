@@ -20,8 +20,9 @@ fastest first:
   (they read 0, as in the reference semantics; the gathered position is clipped first so
   NaN/inf never leak).
 
-A sum of at most :data:`UNROLL` terms whose reads only become strided with its iterators
-fixed (an OffsetAdd) is unrolled into that many shifted reads added up.
+A transposed convolution's selective add is one ``Col2Im`` (:mod:`ollie.runtime.onnx_col2im`).
+A sum of at most :data:`UNROLL` terms whose reads only become strided with its iterators fixed
+(an OffsetAdd) is unrolled into that many shifted reads added up.
 
 A nested scope is emitted first, as a tensor of its own shape read with the ``lo`` of its
 traversal iterators as offset. Sizes are bounded (:data:`MAX_ELEMENTS`): a larger grid or
@@ -40,8 +41,9 @@ import numpy as np
 
 from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
-from ollie.ir.index import Affine, Var, var
-from ollie.ir.nodes import Iter, Node, accesses
+from ollie.ir.index import Affine, Var
+from ollie.ir.nodes import Node, accesses
+from ollie.runtime.onnx_col2im import selective_add
 from ollie.runtime.onnx_views import (
     MAX_ELEMENTS,
     Emitter,
@@ -85,12 +87,7 @@ class _Scope:
 
     def emit(self) -> str:
         nt = len(self.scope.traversal)
-        merged = self._merged()
-        if merged is not None:
-            folded = _Scope(self.b, merged, self.sources, self.nested)._col2im()
-            if folded is not None:
-                return folded
-        folded = self._col2im()
+        folded = selective_add(self.b, self.scope, self._shape_of, self._whole)
         if folded is not None:
             return folded
         joined = self._concat()
@@ -121,140 +118,6 @@ class _Scope:
             value = out_node(self.b, "Expand", [value, self.b.const("shape", int_array(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
-
-    def _merged(self) -> Scope | None:
-        """This scope with the nested scope its one read reads inlined, when that scope's body
-        is one read as well and inlining keeps every value: each of the nested scope's
-        traversal iterators is either always read inside its range, or indexes the inner
-        tensor alone (``i + c``) with every position valid in the inner tensor inside that
-        range, so that a read outside the range (zero in the reference semantics) reads
-        outside the inner tensor (zero as well). The nested scope's summation iterators join
-        this scope's (renamed where they clash). Else None. The two-stage selective add of a
-        derived transposed convolution so becomes the one-stage form, one ``Col2Im``
-        (:meth:`_col2im`): on the 2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4]
-        two-stage add took 1270 us as two ``Col2Im`` against 23 us merged."""
-        scope, body = self.scope, self.scope.body
-        if not isinstance(body, Access) or not isinstance(body.source, Scope):
-            return None
-        inner = body.source
-        read = inner.body
-        if not isinstance(read, Access):
-            return None
-        ranges = scope.ranges
-        taken = set(ranges)
-        renamed: list[Iter] = []
-        mapping: dict[str, Affine] = {it.name: e for it, e in
-                                      zip(inner.traversal, body.indices, strict=True)}
-        for it in inner.summation:
-            name, k = it.name, 0
-            while name in taken:
-                k += 1
-                name = f"{it.name}_{k}"
-            taken.add(name)
-            renamed.append(Iter(name, it.lo, it.hi))
-            mapping[it.name] = var(name)
-        if isinstance(read.source, Scope):
-            valid = [it.range for it in read.source.traversal]
-        else:
-            valid = [(0, n) for n in self.b.shapes[self.sources[read.source]]]
-        for it, e in zip(inner.traversal, body.indices, strict=True):
-            lo, hi = e.bounds(ranges)
-            if it.lo <= lo and hi < it.hi:
-                continue  # always read inside the nested scope
-            dims = [d for d, g in enumerate(read.indices) if it.name in g.vars()]
-            if len(dims) != 1 or read.indices[dims[0]].terms != ((Var(it.name), 1),):
-                return None
-            shift = read.indices[dims[0]].const
-            first, end = valid[dims[0]]
-            if not (it.lo <= first - shift and end - shift <= it.hi):
-                return None
-        return Scope(scope.traversal, scope.summation + tuple(renamed),
-                     Access(read.source, tuple(g.subst(mapping) for g in read.indices)))
-
-    def _col2im(self) -> str | None:
-        """A selective add (the columns of a transposed convolution summed into its image):
-        ``L<c..., h...> Sum<y...> T[...]`` whose one read indexes ``T`` by each leading
-        traversal iterator ``c`` alone, each summation iterator ``y`` alone and, per spatial
-        traversal iterator ``h``, one kernel position ``h - s*y + p`` (``s > 0``), as a
-        ``Transpose`` + ``Reshape`` of ``T`` to ``[1, C*K, L]`` and one ONNX ``Col2Im``
-        (image position ``s*y - p + k``, kernel positions outside ``T`` contributing
-        nothing, as in the reference semantics); else None. Positions count from each
-        iterator's and each nested scope's first one.
-
-        ONNX Runtime's ``Col2Im`` lets a derived ``Matmul`` + selective add stay in a region
-        (a ``Gather`` over the grid costs more). On the 2-core Xeon VM (2026-11-25, InfoGAN
-        b1, ONNX Runtime on the exported model against the same model with its 448 -> 256
-        transposed convolution as ``MatMul`` (constant weight, prepacked) + ``Col2Im``,
-        alternating): 0.488-0.495 against 0.438-0.441 ms; the 256 -> 128 and 128 -> 64
-        layers so were slower (0.50-0.51 against 0.54-0.57 ms for both): which form runs is
-        measured by the selection. The two-stage form (one spatial dimension per stage, the
-        other read alone after it) is left to the general emission: as two ``Col2Im`` with
-        one-element kernels it took 1270 us against 23 us for the one-stage form on that
-        layer's [2, 2, 1, 256, 4, 4] columns (ONNX Runtime 1.32)."""
-        scope, body = self.scope, self.scope.body
-        if not isinstance(body, Access) or not scope.summation or \
-                any(it.lo != 0 for it in scope.summation):
-            return None
-        size = {it.name: it.size for it in self.iters}
-        first = {it.name: it.lo for it in scope.traversal}
-        trav = [it.name for it in scope.traversal]
-        summ = {it.name for it in scope.summation}
-        if isinstance(body.source, Scope):  # a nested scope's element x is at x - lo
-            dims, lo = body.source.shape, [it.lo for it in body.source.traversal]
-        else:
-            dims = self.b.shapes[self.sources[body.source]]
-            lo = [0] * len(dims)
-        alone: dict[str, int] = {}
-        kernel: dict[str, tuple[int, str, int, int]] = {}  # h -> (dim of T, y, s, p)
-        for d, q in enumerate(body.indices):
-            terms = {a.name: c for a, c in q.terms if isinstance(a, Var)}
-            if len(terms) != len(q.terms):
-                return None
-            # the position in T of the iterators' first positions
-            at = q.const + sum(c * first.get(n, 0) for n, c in terms.items()) - lo[d]
-            if len(terms) == 1 and next(iter(terms.values())) == 1:
-                (v,) = terms
-                if v in alone or at != 0 or dims[d] != size[v]:
-                    return None
-                alone[v] = d
-                continue
-            if len(terms) != 2:
-                return None
-            (h, ch), (y, cy) = sorted(terms.items(), key=lambda t: t[0] in summ)
-            if ch != 1 or cy >= 0 or h in summ or y not in summ or h in kernel:
-                return None
-            kernel[h] = (d, y, -cy, at)
-        spatial = [h for h in trav if h in kernel]
-        lead = [t for t in trav if t not in kernel]
-        ys = [kernel[h][1] for h in spatial]
-        if not spatial or trav != lead + spatial or set(alone) != set(lead) | summ or \
-                len(set(ys)) != len(ys) or set(ys) != summ:
-            return None
-        ks, strides, begin, end = [], [], [], []
-        for h in spatial:
-            d, y, st, p = kernel[h]
-            k, blocks = dims[d], size[y]
-            after = (blocks - 1) * st + k - size[h] - p  # so that Col2Im counts `blocks`
-            if p < 0 or after < 0:
-                return None
-            ks.append(k)
-            strides.append(st)
-            begin.append(p)
-            end.append(after)
-        perm = [alone[t] for t in lead] + [kernel[h][0] for h in spatial] + \
-            [alone[y] for y in ys]
-        src = self._whole(body.source)
-        if perm != list(range(len(perm))):
-            src = out_node(self.b, "Transpose", [src], tuple(dims[d] for d in perm),
-                           "transpose", perm=perm)
-        channels = math.prod(size[t] for t in lead)
-        col = self.b.reshape(src, (1, channels * math.prod(ks),
-                                   math.prod(size[y] for y in ys)))
-        image = tuple(size[h] for h in spatial)
-        y = out_node(self.b, "Col2Im", [col, self.b.const("image", int_array(image)),
-                                        self.b.const("block", int_array(ks))],
-                     (1, channels, *image), "col2im", strides=strides, pads=begin + end)
-        return self.b.reshape(y, scope.shape)
 
     def _concat(self) -> str | None:
         """A concatenation, ``L<x...> A[x...] + B[x..., x_d - a, x...] + ...`` whose terms
@@ -328,6 +191,13 @@ class _Scope:
             return None  # constant along some axis: the general form handles it
         y = out_node(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
         return self.b.reshape(y, scope.shape)
+
+    def _shape_of(self, source: str | Scope) -> tuple[tuple[int, ...], list[int]]:
+        """A read source's dimensions and the first position of each."""
+        if isinstance(source, Scope):
+            return source.shape, [it.lo for it in source.traversal]
+        dims = self.b.shapes[self.sources[source]]
+        return dims, [0] * len(dims)
 
     def _whole(self, source: str | Scope) -> str:
         """The ONNX value of an input tensor, or of a nested scope (emitted once)."""
