@@ -248,7 +248,6 @@ class Region:
         self._names = [_slot(i) for i in range(len(inputs))]
         self._out_names = [o.name for o in session.get_outputs()]  # type: ignore[attr-defined]
         self._in_shapes = [list(shapes[n]) for n in inputs]
-        self._numels = [math.prod(shapes[n]) for n in inputs]
         self._sizes = [torch.Size(shapes[n]) for n in inputs]
         self._out_shapes = [tuple(shapes[n]) for n in outputs]
         self._local = threading.local()
@@ -266,7 +265,7 @@ class Region:
         tensors without)."""
         xs = [env[n].detach().contiguous() for n in self.inputs]  # alive through the run
         for i, x in enumerate(xs):
-            if x.numel() != self._numels[i] or x.dtype != torch.float32:
+            if x.numel() != self._sizes[i].numel() or x.dtype != torch.float32:
                 raise ShapeError(f"ONNX Runtime region input '{self.inputs[i]}' is "
                                  f"{x.dtype} {list(x.shape)}, expected float32 "
                                  f"{self._in_shapes[i]}")
