@@ -17,7 +17,8 @@ from ollie.program.program import Program, constant_array
 from ollie.testing.cnns import ARCHITECTURES, build
 
 SIZE = 16
-FAST = dict(time_budget=1.0, max_candidates=2, use_cache=False)
+# settle=0: no idle pauses around ONNX Runtime sessions in the whole-program comparisons
+FAST = dict(time_budget=1.0, max_candidates=2, use_cache=False, settle=0.0)
 # the torch frontend keeps some of their operators opaque (aten calls): chunk, upsample,
 # layer_norm, gelu; others become element-wise nodes: hardtanh, silu, hardswish
 TORCH_OPAQUE = ("mobilenetv2", "mobilenetv3", "efficientnet", "shufflenetv2", "unet_resize",

@@ -34,7 +34,8 @@ def small(tmp_path_factory):
         m.bn.running_mean.uniform_(-0.5, 0.5)
         m.bn.running_var.uniform_(0.5, 1.5)
     x = torch.randn(2, 8, 6, 6)
-    opt = ollie.optimize(m, (x,), time_budget=4.0, max_candidates=4, use_cache=False)
+    opt = ollie.optimize(m, (x,), time_budget=4.0, max_candidates=4, use_cache=False,
+                         settle=0.0)
     return m, x, opt
 
 
@@ -73,7 +74,8 @@ def test_onnx_model(tmp_path):
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
     x = torch.randn(1, 3, 8, 8)
     path = to_onnx(m, (x,), tmp_path / "m.onnx")
-    opt = ollie.optimize(str(path), time_budget=3.0, max_candidates=3, use_cache=False)
+    opt = ollie.optimize(str(path), time_budget=3.0, max_candidates=3, use_cache=False,
+                         settle=0.0)
     with torch.no_grad():
         torch.testing.assert_close(opt(x), m(x), rtol=1e-3, atol=1e-4)
 
@@ -94,7 +96,8 @@ def test_torch_compile_backend():
     from ollie.optimizer.model import OptimizeConfig
 
     old = backend.BACKEND_CONFIG
-    backend.BACKEND_CONFIG = OptimizeConfig(time_budget=2.0, max_candidates=2, use_cache=False)
+    backend.BACKEND_CONFIG = OptimizeConfig(time_budget=2.0, max_candidates=2, use_cache=False,
+                                            settle=0.0)
     try:
         torch._dynamo.reset()
         m = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()).eval()
@@ -159,7 +162,8 @@ def test_tf32_check_uses_a_full_float32_reference(monkeypatch):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)
-    opt = ollie.optimize(m, (x,), time_budget=2.0, max_candidates=2, use_cache=False)
+    opt = ollie.optimize(m, (x,), time_budget=2.0, max_candidates=2, use_cache=False,
+                         settle=0.0)
     assert seen[:2] == [(False, False), before]  # float32 reference, then the model as run
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
     note = next(n for n in opt.notes if n.startswith("TensorFloat-32 is on"))

@@ -94,7 +94,8 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
         answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
         calls = []
 
-        def scripted(choices, runner, spinning=(), rounds=0, answers=answers, calls=calls):
+        def scripted(choices, runner, spinning=(), rounds=0, settle=0.0, answers=answers,
+                     calls=calls):
             calls.append(list(choices))
             for c in choices:
                 assert runner(c) is not None
@@ -117,8 +118,9 @@ def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch):
     answers = iter([{start: 1.0, a: 0.99, b: 1.005, c: 1.05}, {start: 1.0, a: 0.99, ab: 0.95}])
     calls = []
 
-    def scripted(choices, runner, spinning=(), rounds=0):
+    def scripted(choices, runner, spinning=(), rounds=0, settle=0.0):
         calls.append((list(choices), rounds))
+        assert settle == context.SETTLE_SECONDS  # refine's default, passed on
         assert all(runner(c) is not None for c in choices)
         return next(answers)
 
@@ -137,7 +139,8 @@ def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatc
     assemble, feeds, want = _setup(monkeypatch)
     timed = []
     monkeypatch.setattr(context, "_time",
-                        lambda choices, runner, spinning=(), rounds=0: timed.append(choices) or {})
+                        lambda choices, runner, spinning=(), rounds=0, settle=0.0:
+                        timed.append(choices) or {})
     out = refine(assemble, _groups("slow", "fast"), frozenset({"slow"}), "per operator",
                  feeds, want, 1e-3, decided=frozenset({"fast"}))
     assert out is not None and out.on == frozenset({"fast"}) and out.note.endswith("(cached)")
@@ -173,14 +176,14 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
         want = m(x)
     seen = {}
 
-    def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None):
+    def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None, settle=0.0):
         seen["groups"] = groups
         seen["decided"] = decided
         prog = context.variant(context.postprocess(assemble(frozenset())), library)
         return context.Refined(frozenset(), prog, "program context: test")
 
     monkeypatch.setattr("ollie.optimizer.context.refine", all_off)
-    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2)
+    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2, settle=0.0)
     rewritten = [r for r in opt.report if r.not_kept is not None]
     if not seen:  # nothing was rewritten in this run: the step is not taken
         assert all(r.chosen == ORIGINAL for r in opt.report)
@@ -193,5 +196,5 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
     assert {r.node for r in rewritten} <= kept  # each runs as its original operator
     with torch.inference_mode():
         torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-4)
-    ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2)
+    ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2, settle=0.0)
     assert seen["decided"] == frozenset()  # from the cache

@@ -63,7 +63,7 @@ def test_uniform_library_variant_is_exact_and_kept_through_save_and_load(tmp_pat
 @needs_onednn
 def test_a_variant_that_disagrees_with_the_reference_is_not_kept():
     _, _, prog, feeds, want = _original_program()
-    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3)
+    kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, settle=0.0)
     assert decision in (PER_OPERATOR, *CHOICES)
     assert note is not None and note.startswith("convolution libraries:") and "ms" in note
     wrong = {n: t + 1.0 for n, t in want.items()}  # no variant can match this
@@ -96,7 +96,7 @@ def test_a_variant_that_fails_to_run_is_skipped(monkeypatch):
 def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
     _, _, prog, feeds, want = _original_program()
     cache = CostCache(tmp_path / "costs.sqlite")
-    cfg = OptimizeConfig()
+    cfg = OptimizeConfig(settle=0.0)
     notes1: list[str] = []
     first, decision = _libraries(prog, feeds, want, cfg, notes1, cache)
     assert decision is not None and alternative_of(decision) is None
@@ -108,6 +108,21 @@ def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
     off: list[str] = []
     assert _libraries(prog, feeds, want, OptimizeConfig(choose_libraries=False), off,
                       cache) == (prog, None) and not off
+
+
+@needs_onednn
+def test_the_settle_setting_reaches_the_comparison(monkeypatch):
+    """``OptimizeConfig.settle``: the cores idle that long before the samples around a variant
+    whose ONNX Runtime session spins; 0 never pauses."""
+    import time
+
+    _, _, prog, feeds, want = _original_program()
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    _libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], None)
+    assert slept == []
+    _, decision = _libraries(prog, feeds, want, OptimizeConfig(settle=0.125), [], None)
+    assert decision is not None and slept and set(slept) == {0.125}
 
 
 def test_programs_with_fewer_than_two_convolutions_are_left_alone():
@@ -130,7 +145,8 @@ def test_the_original_operators_are_an_alternative_timed_and_checked():
     _, _, prog, feeds, want = _original_program()
     other = with_library(prog, "torch")
     kept, decision, note = choose_libraries(other, feeds, want, 1e-3,
-                                            alternatives={"original operators": prog})
+                                            alternatives={"original operators": prog},
+                                            settle=0.0)
     assert decision is not None and "original operators: per operator" in note
     assert alternative_of(decision) in (None, "original operators")
     kept, decision, note = choose_libraries(
@@ -194,11 +210,11 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     with torch.inference_mode():
         want = m(x)
     graph = to_graph(m, (x,))
-    cfg = OptimizeConfig(use_cache=False)
+    cfg = OptimizeConfig(use_cache=False, settle=0.0)
     originals = _originals(graph, cfg)
     seen = {}
 
-    def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None):
+    def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None, settle=0.0):
         seen.update(alternatives or {})
         return alternatives["original operators"], "original operators: per operator", \
             "convolution libraries: original operators, chosen per operator (test)"
@@ -224,7 +240,8 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
                 "original operators: per operator", "optimised")
 
     monkeypatch.setattr(model_mod, "checked", checked)
-    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False, context=False)
+    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False, context=False,
+                         settle=0.0)
     assert opt.report and all(r.chosen == "original operator" and not r.derivation and
                               r.optimized_ms == r.original_ms for r in opt.report)
     assert any("kept the original operators" in n for n in opt.notes)

@@ -50,6 +50,7 @@ from ollie.optimizer.libraries import rel_err, variant
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program
 from ollie.tune.cache import CostCache, device_key
+from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +101,15 @@ class Refined:
 def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
            start: frozenset[str], library: str, feeds: Mapping[str, torch.Tensor],
            want: Mapping[str, torch.Tensor], rtol: float,
-           decided: frozenset[str] | None = None) -> Refined | None:
+           decided: frozenset[str] | None = None, settle: float = SETTLE_SECONDS
+           ) -> Refined | None:
     """Switch the rewrites of ``groups`` in the program ``assemble(on)`` (the raw program with
     the rewrites of the groups in ``on`` and the original operators elsewhere), starting from
     ``start``; every variant is post-processed and run under ``library`` (a decision of
     :func:`~ollie.optimizer.libraries.choose_libraries`). ``decided``: a choice made before
-    (e.g. from the cost cache), checked and applied without timing. None when there is
-    nothing to switch or no variant ran."""
+    (e.g. from the cost cache), checked and applied without timing. ``settle``: seconds idle
+    before the samples around a variant whose ONNX Runtime session spins (0: none). None when
+    there is nothing to switch or no variant ran."""
     from ollie.runtime.executor import CompiledProgram
 
     groups = sorted(groups, key=lambda g: -g.saving_s)[:MAX_GROUPS]
@@ -151,7 +154,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         return None
     current = start
     singles = [current ^ {g.key} for g in groups]
-    times = _time([current, *singles], runner, spinning)
+    times = _time([current, *singles], runner, spinning, settle=settle)
     if current not in times:
         return None
     base = times[current]
@@ -167,7 +170,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         choices = [current, level[0]]
         if together:
             choices.append(frozenset(current ^ set().union(*(on ^ current for on in together))))
-        again = _time(choices, runner, spinning, rounds=CONFIRM_ROUNDS)
+        again = _time(choices, runner, spinning, rounds=CONFIRM_ROUNDS, settle=settle)
         if current in again:
             detail += f"; then {_detail(again, start, names)}"
             fastest = min(again, key=again.__getitem__)
@@ -186,7 +189,8 @@ def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
 
 def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
                   start: frozenset[str], library: str, ref: Reference,
-                  cache: CostCache | None, device: str) -> Refined | None:
+                  cache: CostCache | None, device: str, settle: float = SETTLE_SECONDS
+                  ) -> Refined | None:
     """:func:`refine` on the reference ``ref``, its choice kept in ``cache`` under the digests
     of the programs with all rewrites and with none."""
     key = decided = None
@@ -197,7 +201,8 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
                f"{device_key(device)}")
         doc = cache.get_decision(key)
         decided = frozenset(json.loads(doc)) if doc is not None else None
-    refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided)
+    refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided,
+                     settle)
     if refined is not None and cache is not None and key is not None and \
             refined.on != decided:
         cache.put_decision(key, json.dumps(sorted(refined.on)))
@@ -205,12 +210,12 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
 
 
 def _time(choices: Sequence[frozenset[str]], runner,
-          spinning: set[frozenset[str]] | frozenset = frozenset(), rounds: int = ROUNDS
-          ) -> dict[frozenset[str], float]:
+          spinning: set[frozenset[str]] | frozenset = frozenset(), rounds: int = ROUNDS,
+          settle: float = SETTLE_SECONDS) -> dict[frozenset[str], float]:
     """Interleaved steady-state times of the programs of ``choices``; the samples of a program
     with an ONNX Runtime session that spins (``spinning``), and the samples that follow them,
-    start after the cores went idle (``measure_alternating``'s ``settle_around``)."""
-    from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
+    start after ``settle`` seconds idle (``measure_alternating``'s ``settle_around``)."""
+    from ollie.tune.measure import measure_alternating
 
     fns = {on: fn for on in dict.fromkeys(choices) if (fn := runner(on)) is not None}
     if len(fns) < 2:
@@ -218,8 +223,8 @@ def _time(choices: Sequence[frozenset[str]], runner,
     names = {f"v{i}": on for i, on in enumerate(fns)}
     times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
                                 rounds=rounds, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
-                                lead_seconds=SETTLED_LEAD_SECONDS,
+                                max_seconds=MAX_SECONDS, settle=settle,
+                                lead_seconds=settled_lead(settle),
                                 settle_around={n for n, on in names.items() if on in spinning})
     return {names[n]: t for n, t in times.items()}
 

@@ -142,7 +142,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = cache.get_decision(key) if cache is not None else None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
-                                            alternatives)
+                                            alternatives, settle=cfg.settle)
     if note:
         notes.append(note)
     if cache is not None and decision is not None and decision != decided:

@@ -38,6 +38,7 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import onednn, ort_region
 from ollie.runtime.onednn import ANY_OF, CONV_OPS, WINOGRAD
+from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ def with_library(prog: Program, library: str) -> Program:
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
                      decided: str | None = None,
-                     alternatives: Mapping[str, Program] | None = None
+                     alternatives: Mapping[str, Program] | None = None,
+                     settle: float = SETTLE_SECONDS
                      ) -> tuple[Program, str | None, str | None]:
     """The fastest of ``prog`` (per-operator library choices) and its variants of
     :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
@@ -142,10 +144,11 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     original operators when a subprogram was rewritten), timed with their own variants under
     names ``"<alternative>: <decision>"``, and checked the same way. ``decided``: a decision
     made before (e.g. from the cost cache), applied without timing (a variant is still
-    checked). Returns the program, the decision and a note (both None when there is nothing
-    to choose)."""
+    checked). ``settle``: seconds idle before the samples around a variant whose ONNX Runtime
+    session spins (0: none). Returns the program, the decision and a note (both None when
+    there is nothing to choose)."""
     from ollie.runtime.executor import CompiledProgram
-    from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alternating
+    from ollie.tune.measure import measure_alternating
 
     alternatives = alternatives or {}
     if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
@@ -162,7 +165,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             if decided in (None, name) and (v := variant(program, n)) is not None:
                 variants[name] = v
     if decided is not None and decided not in variants:  # a stale decision: time them all
-        return choose_libraries(prog, feeds, want, rtol, None, alternatives)
+        return choose_libraries(prog, feeds, want, rtol, None, alternatives, settle=settle)
     fns, spinning = {}, set()
     for name, program in variants.items():
         try:
@@ -184,8 +187,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     # itself right after a torch variant: its samples and the ones following them start after
     # the cores went idle (measure_alternating's settle_around)
     times = measure_alternating(fns, "cpu", rounds=ROUNDS, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=SETTLE_SECONDS,
-                                lead_seconds=SETTLED_LEAD_SECONDS, settle_around=spinning)
+                                max_seconds=MAX_SECONDS, settle=settle,
+                                lead_seconds=settled_lead(settle), settle_around=spinning)
     best = min(times, key=times.__getitem__)
     others = [n for n in times if alternative_of(n) is not None]
     if others and alternative_of(best) is None:

@@ -56,6 +56,7 @@ from ollie.runtime.executor import CompiledProgram
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
 from ollie.tune.cache import CostCache, device_key
+from ollie.tune.measure import SETTLE_SECONDS
 
 log = logging.getLogger(__name__)
 CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
@@ -79,6 +80,10 @@ class OptimizeConfig:
     seed: int = 0
     choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
     context: bool = True          # CPU: switch each rewrite on / off in the whole program
+    # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
+    # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
+    # optimisation whose comparisons of such programs are less faithful (the test suite)
+    settle: float = SETTLE_SECONDS
 
 
 @dataclass
@@ -436,7 +441,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         t1 = time.perf_counter()
         library = (decision or PER_OPERATOR).split(": ", 1)[-1]
         refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                cfg.device)
+                                cfg.device, cfg.settle)
         if refined is not None and refined.on != start:
             prog = refined.program
             off = {n for g in groups if g.key not in refined.on for n in g.nodes}

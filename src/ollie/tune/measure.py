@@ -56,6 +56,12 @@ timed 0.59 ms against 0.37-0.39 ms back to back, while a spinning ONNX Runtime s
 recovered within its lead call."""
 
 
+def settled_lead(settle: float) -> float:
+    """The ``lead_seconds`` that go with a ``settle``: :data:`SETTLED_LEAD_SECONDS` after one,
+    none without (the lead calls then only as ``lead_calls`` asks)."""
+    return SETTLED_LEAD_SECONDS if settle > 0 else 0.0
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (as ``timeit`` does), on again after
