@@ -428,6 +428,45 @@ def test_a_program_that_is_one_region_is_called_straight_through_its_session():
     assert CompiledProgram(net).whole is None
 
 
+def test_the_library_choice_times_programs_as_they_are_called(monkeypatch):
+    """The comparisons time each variant through ``CompiledProgram.__call__``, as it runs in
+    use: the regions variant that is one region goes straight through its session, never
+    through ``run``; the others through ``run``."""
+    import importlib
+
+    measure = importlib.import_module("ollie.tune.measure")  # the module, not the function
+
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.ConvTranspose2d(6, 8, 4, 2, 1), nn.ReLU(),
+                      nn.Conv2d(8, 4, 3, padding=1), nn.Tanh()).eval()
+    x = torch.randn(1, 6, 5, 5)
+    prog = _optimized(m, x)
+    feeds = {prog.inputs[0][0]: x}
+    with torch.inference_mode():
+        want = {prog.outputs[0]: m(x)}
+    through_run: dict[str, int] = {}
+    timing: list[str] = []
+    real_run = CompiledProgram.run
+
+    def counted(self, inputs):
+        if timing:
+            through_run[timing[-1]] = through_run.get(timing[-1], 0) + 1
+        return real_run(self, inputs)
+
+    def once(fns, *args, **kwargs):
+        for name, fn in fns.items():
+            timing.append(name)
+            torch.testing.assert_close(fn(), want[prog.outputs[0]], rtol=1e-4, atol=1e-4)
+        return {name: float(name != REGIONS) for name in fns}
+
+    monkeypatch.setattr(CompiledProgram, "run", counted)
+    monkeypatch.setattr(measure, "measure_alternating", once)
+    kept, decision, _ = choose_libraries(prog, feeds, want, 1e-3, settle=0.0)
+    assert decision == REGIONS and REGIONS in timing and len(timing) > 1
+    assert CompiledProgram(kept).whole is not None and REGIONS not in through_run
+    assert set(through_run) == set(timing) - {REGIONS}
+
+
 @pytest.mark.parametrize("bound", ["memory", "compute"])
 def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatch, bound):
     """A batch-1 transposed convolution as a derived product (the input read through a

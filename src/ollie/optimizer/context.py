@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 MARGIN = 0.02
 """A switch must make the program this much faster (fraction of its time) to be kept."""
 
-DECISION_VERSION = 2
+DECISION_VERSION = 3
 """Part of the cached decisions' key: bumped when the procedure changes (2: switches together
-and gc paused, 2026-11-24), so that decisions of an older one are made again."""
+and gc paused, 2026-11-24; 3: programs timed as called, 2026-11-25), so that decisions of an
+older one are made again."""
 
 MAX_GROUPS = 12
 """Distinct rewrites switched at most (the largest savings measured alone first)."""
@@ -137,7 +138,9 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
                 programs[on] = prog
                 if compiled.spins:
                     spinning.add(on)
-                built[on] = (lambda c=compiled: c.run(feeds))
+                # timed as called in use (a one-region program straight through its session)
+                args = [feeds[n] for n, _ in prog.inputs]
+                built[on] = (lambda c=compiled, a=args: c(*a))
             else:
                 log.info("program context: %s disagrees with the model",
                          _describe(on, start, names))
