@@ -3,7 +3,14 @@
 Public entry points (see API.md): :func:`parse`, :func:`format`, :func:`interpret`.
 """
 
-from ollie.errors import ExprError, OllieError, ParseError, ShapeError, UnsupportedError
+from ollie.errors import (
+    ConfigError,
+    ExprError,
+    OllieError,
+    ParseError,
+    ShapeError,
+    UnsupportedError,
+)
 from ollie.fingerprint import FingerprintSet, canonical_form, fingerprint
 from ollie.ir import Expr, parse
 from ollie.ir import format_expr as format
@@ -12,6 +19,7 @@ from ollie.search import derive
 from ollie.semantics import interpret
 
 __all__ = [
+    "ConfigError",
     "Expr",
     "ExprError",
     "FingerprintSet",

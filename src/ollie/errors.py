@@ -29,3 +29,16 @@ class ShapeError(OllieError):
 
 class UnsupportedError(OllieError):
     """An operator, attribute combination or construct Ollie does not support."""
+
+
+class ConfigError(OllieError, ValueError):
+    """A setting outside its range (a negative search budget, a zero tolerance, ...); the
+    message names the setting and the value given."""
+
+
+def check_settings(owner: str, checks: dict[str, tuple[object, bool, str]]) -> None:
+    """Raise :class:`ConfigError` for the first setting whose check failed: ``checks`` maps a
+    setting's name to (its value, whether it is valid, what a valid one is)."""
+    for name, (value, ok, want) in checks.items():
+        if not ok:
+            raise ConfigError(f"{owner}.{name} must be {want}, got {value!r}")

@@ -91,6 +91,41 @@ def test_bad_inputs_raise_ollie_errors(tmp_path):
         ollie.optimize(str(bad))
 
 
+@pytest.mark.parametrize("setting, value", [
+    ("time_budget", 0.0), ("time_budget", -1.0), ("max_depth", -1), ("max_candidates", -2),
+    ("check_rtol", 0.0), ("settle", -0.1)])
+def test_settings_out_of_range_are_named(setting, value):
+    """A setting outside its range is a ``ConfigError`` (an ``OllieError`` and a ``ValueError``)
+    naming the setting and the value, raised before any work; the ranges' edges are valid."""
+    from ollie.errors import ConfigError
+    from ollie.optimizer.model import OptimizeConfig
+    from ollie.search import SearchConfig
+
+    m = nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU()).eval()
+    with pytest.raises(ConfigError, match=f"OptimizeConfig.{setting} must be .*got {value}"):
+        ollie.optimize(m, (torch.randn(1, 2, 6, 6),), **{setting: value})
+    assert issubclass(ConfigError, OllieError) and issubclass(ConfigError, ValueError)
+    OptimizeConfig(max_depth=0, max_candidates=0, settle=0.0)
+    if setting in ("time_budget", "max_depth", "max_candidates"):
+        with pytest.raises(ConfigError, match=f"SearchConfig.{setting} must be"):
+            SearchConfig(**{setting: value})
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("max_states", 0), ("guided_depth", -1), ("keep", 0), ("verify_samples", 0), ("rtol", 0.0),
+    ("atol", -1e-6), ("max_tensor_bytes", 0)])
+def test_search_settings_out_of_range_are_named(setting, value):
+    from ollie.errors import ConfigError
+    from ollie.search import SearchConfig
+
+    with pytest.raises(ConfigError, match=f"SearchConfig.{setting} must be .*got {value}"):
+        SearchConfig(**{setting: value})
+    expr = ollie.parse("A: [4, 3]\nB: [3]\nL<i=0:4> Sum<k=0:3> A[i, k] * B[k]")
+    with pytest.raises(ConfigError, match=setting):
+        ollie.derive(expr, max_depth=0, time_budget=1.0, **{setting: value})
+    SearchConfig(guided_depth=0, atol=0.0, max_tensor_bytes=None)
+
+
 def test_torch_compile_backend():
     import ollie.optimizer.backend as backend
     from ollie.optimizer.model import OptimizeConfig

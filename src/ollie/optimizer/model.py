@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ollie.caches import release_caches
-from ollie.errors import OllieError
+from ollie.errors import OllieError, check_settings
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.ir import Expr
@@ -84,6 +84,15 @@ class OptimizeConfig:
     # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
     # optimisation whose comparisons of such programs are less faithful (the test suite)
     settle: float = SETTLE_SECONDS
+
+    def __post_init__(self) -> None:
+        check_settings("OptimizeConfig", {
+            "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
+            "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
+            "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
+            "check_rtol": (self.check_rtol, self.check_rtol > 0, "> 0"),
+            "settle": (self.settle, self.settle >= 0, ">= 0 seconds"),
+        })
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ollie.errors import check_settings
 from ollie.rules.base import INTRA_RULES
 
 TARGETS = ("Matmul", "Conv", "G2BMM", "GBMM")
@@ -55,6 +56,21 @@ class SearchConfig:
     target: Callable[[object], bool] | None = None
     stop_at_target: bool = False
     max_tensor_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        mtb = self.max_tensor_bytes
+        check_settings("SearchConfig", {
+            "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
+            "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
+            "max_states": (self.max_states, self.max_states >= 1, ">= 1"),
+            "guided_depth": (self.guided_depth, self.guided_depth >= 0, ">= 0"),
+            "keep": (self.keep, self.keep >= 1, ">= 1"),
+            "verify_samples": (self.verify_samples, self.verify_samples >= 1, ">= 1"),
+            "rtol": (self.rtol, self.rtol > 0, "> 0"),
+            "atol": (self.atol, self.atol >= 0, ">= 0"),
+            "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
+            "max_tensor_bytes": (mtb, mtb is None or mtb > 0, "None or > 0 bytes"),
+        })
 
 
 TENSOR_MEMORY_FRACTION = 1 / 16
