@@ -184,7 +184,11 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
         return context.Refined(frozenset(), prog, "program context: test")
 
     monkeypatch.setattr("ollie.optimizer.context.refine", all_off)
-    opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2, settle=0.0)
+    # two candidates per subprogram, no library choice: neither is under test here, and each
+    # candidate's eOperators are compiled (most of this test's time with a cold kernel cache)
+    cfg = dict(time_budget=5.0, max_depth=2, settle=0.0, max_candidates=2,
+               choose_libraries=False)
+    opt = ollie.optimize(m, (x,), "cpu", **cfg)
     rewritten = [r for r in opt.report if r.not_kept is not None]
     if not seen:  # nothing was rewritten in this run: the step is not taken
         assert all(r.chosen == ORIGINAL for r in opt.report)
@@ -197,5 +201,5 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
     assert {r.node for r in rewritten} <= kept  # each runs as its original operator
     with torch.inference_mode():
         torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-4)
-    ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=2, settle=0.0)
+    ollie.optimize(m, (x,), "cpu", **cfg)
     assert seen["decided"] == frozenset()  # from the cache
