@@ -18,10 +18,11 @@ from ollie.testing.cnns import ARCHITECTURES, build
 
 SIZE = 16
 # settle=0: no idle pauses around ONNX Runtime sessions in the whole-program comparisons;
-# one candidate per subprogram, 0.5 s of search: every subprogram still gets a derived
-# candidate, compiled, verified and timed (its eOperators' numba compilation is most of these
-# tests' time with a cold kernel cache: efficientnet, googlenet and mobilenetv2 from ONNX and
-# torch took 201 s with 2 candidates and 1 s, 118 s so; 2-core EPYC VM, 2026-11-25)
+# one candidate per subprogram, 0.5 s of search: subprograms still get a derived candidate,
+# compiled, verified and timed (efficientnet 17 for its 17, googlenet 14 for 14). The numba
+# compilation of their eOperators is most of these tests' time with a cold kernel cache:
+# efficientnet, googlenet and mobilenetv2 from ONNX and torch took 201 s with 2 candidates
+# and 1 s, 118 s so (2-core EPYC VM, 2026-11-25)
 FAST = dict(time_budget=0.5, max_candidates=1, use_cache=False, settle=0.0)
 # the torch frontend keeps some of their operators opaque (aten calls): chunk, upsample,
 # layer_norm, gelu; others become element-wise nodes: hardtanh, silu, hardswish
