@@ -21,8 +21,9 @@ SIZE = 16
 # one candidate per subprogram, 0.5 s of search: subprograms still get a derived candidate,
 # compiled, verified and timed (efficientnet 17 for its 17, googlenet 14 for 14). The numba
 # compilation of their eOperators is most of these tests' time with a cold kernel cache:
-# efficientnet, googlenet and mobilenetv2 from ONNX and torch took 201 s with 2 candidates
-# and 1 s, 118 s so (2-core EPYC VM, 2026-11-25)
+# efficientnet, googlenet and mobilenetv2 from ONNX and torch, alone, fresh kernel cache,
+# one run after the other: 265 s with 2 candidates and 1 s, 124 s so (2-core EPYC VM,
+# 2026-11-25)
 FAST = dict(time_budget=0.5, max_candidates=1, use_cache=False, settle=0.0)
 # the torch frontend keeps some of their operators opaque (aten calls): chunk, upsample,
 # layer_norm, gelu; others become element-wise nodes: hardtanh, silu, hardswish
