@@ -18,20 +18,37 @@ pytestmark = pytest.mark.skipif(not linear.available(), reason="no oneDNN matmul
 @settings(max_examples=15, deadline=None)
 @given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40),
        batch=st.sampled_from([(), (1,), (3,)]), transposed=st.booleans(),
-       bias=st.booleans(), act=st.sampled_from([None, "relu", "tanh"]))
-def test_every_implementation_matches_torch(m, k, n, batch, transposed, bias, act):
+       bias=st.booleans(), act=st.sampled_from([None, "relu", "tanh"]),
+       constant=st.sampled_from([(False, False), (False, True), (True, False)]))
+def test_every_implementation_matches_torch(m, k, n, batch, transposed, bias, act, constant):
     a = torch.randn(*batch, m, k)
     b = torch.randn(n, k).t() if transposed else torch.randn(k, n)  # a strided operand too
     c = torch.randn(n) if bias else None
     want = torch.matmul(a, b) + (c if bias else 0)
     want = linear.ACTIVATIONS[act](want)
-    impls = linear.implementations(a, b, c, act)
+    impls = linear.implementations(a, b, c, act, constant)
     assert "MKL" in impls and "oneDNN" in impls
     assert ("oneDNN transposed" in impls) == (batch in ((), (1,)) and not bias)
     assert ("MKL transposed" in impls) == (batch in ((), (1,)))
-    for name, fn in impls.items():
-        got = fn(a, b).reshape(want.shape)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+    # a constant operand (a weight) is also offered packed once
+    assert ("oneDNN packed" in impls) == constant[1]
+    assert ("oneDNN packed transposed" in impls) == \
+        (constant[0] and batch in ((), (1,)) and not bias)
+    for _ in range(2):  # the packed ones pack on their first call, then reuse it
+        for name, fn in impls.items():
+            got = fn(a, b).reshape(want.shape)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_a_packed_product_uses_the_constant_it_was_built_with():
+    """The packed implementations read their constant operand once: they are offered only
+    for an operand the caller declares constant (a weight), never for a computed one."""
+    a, b = torch.randn(4, 8), torch.randn(8, 5)
+    fn = linear.implementations(a, b, constant=(False, True))["oneDNN packed"]
+    torch.testing.assert_close(fn(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    # the packed copy is what it multiplies by: another right operand is not read
+    torch.testing.assert_close(fn(a, torch.zeros(8, 5)), a @ b, rtol=1e-4, atol=1e-4)
+    assert "oneDNN packed" not in linear.implementations(a, b)
 
 
 def test_batched_right_operand_only_runs_on_mkl():
@@ -64,8 +81,8 @@ def test_a_wrong_implementation_is_never_chosen(monkeypatch):
     """An implementation that disagrees with torch.matmul is dropped before timing."""
     real = linear.implementations
 
-    def broken(a, b, bias=None, activation=None):
-        impls = real(a, b, bias, activation)
+    def broken(a, b, bias=None, activation=None, constant=(False, False)):
+        impls = real(a, b, bias, activation, constant)
         impls["oneDNN"] = lambda x, y: torch.matmul(x, y) + 1.0
         for name in ("oneDNN transposed", "MKL transposed"):
             impls.pop(name, None)
@@ -92,7 +109,10 @@ def test_program_matmul_kernel_runs_through_best_product(monkeypatch):
     def spy(a, b, *args, **kw):
         name, fn = real(a, b, *args, **kw)
         used.append(name)
+        constant.append(kw.get("constant"))
         return name, fn
+
+    constant: list[object] = []
 
     monkeypatch.setattr(linear, "best_product", spy)
     expr = ollie.parse("A: [12, 20]\nB: [20, 16]\nL<i=0:12, j=0:16> Sum<k=0:20> A[i, k] * B[k, j]")
@@ -104,6 +124,7 @@ def test_program_matmul_kernel_runs_through_best_product(monkeypatch):
     out = CompiledProgram(prog, "cpu").run({"A": inputs["A"]})[cand.output]
     np.testing.assert_allclose(out.numpy(), interpret(expr, inputs), rtol=1e-4, atol=1e-4)
     assert used
+    assert constant == [(False, True)]  # B is a weight: it may be packed once
 
 
 @pytest.mark.parametrize("trans_b", [0, 1])

@@ -103,7 +103,8 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
 def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """``torch.matmul`` of the two inputs (read through their views) times ``alpha``; on the
     CPU (``constants`` given) the fastest library for the operands' shapes and strides
-    (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN), chosen on the first call."""
+    (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN, a constant operand packed for
+    oneDNN once), chosen on the first call."""
     alpha = float(k.params.get("alpha", 1.0))
     shape = tuple(k.output_shape)
     chosen: dict[tuple, tuple[str, linear.Product]] = {}
@@ -115,7 +116,8 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
             key = (a.shape, a.stride(), b.shape, b.stride())
             impl = chosen.get(key)
             if impl is None:
-                impl = chosen[key] = linear.best_product(a, b)
+                impl = chosen[key] = linear.best_product(
+                    a, b, constant=(k.inputs[0] in constants, k.inputs[1] in constants))
             name, fn = impl
         if name != "MKL":
             y = fn(a, b)
