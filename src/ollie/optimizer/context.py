@@ -57,10 +57,11 @@ log = logging.getLogger(__name__)
 MARGIN = 0.02
 """A switch must make the program this much faster (fraction of its time) to be kept."""
 
-DECISION_VERSION = 3
+DECISION_VERSION = 4
 """Part of the cached decisions' key: bumped when the procedure changes (2: switches together
-and gc paused, 2026-11-24; 3: programs timed as called, 2026-11-25), so that decisions of an
-older one are made again."""
+and gc paused, 2026-11-24; 3: programs timed as called, 2026-11-25; 4: alternatives of
+subprograms whose original won alone, 2026-11-25), so that decisions of an older one are made
+again."""
 
 MAX_GROUPS = 12
 """Distinct rewrites switched at most (the largest savings measured alone first)."""
@@ -83,11 +84,15 @@ MAX_SECONDS = 20.0
 @dataclass(frozen=True)
 class Group:
     """One distinct rewritten subprogram: its decision ``key``, the ``nodes`` that use it, and
-    the time its rewrite saved alone, over all of them (``saving_s``)."""
+    the time its rewrite saved alone, over all of them (``saving_s``). ``alternative``: the
+    label of a rewrite of a subprogram whose original operator won alone (switched off at the
+    start; "" for a chosen rewrite). Groups with the same ``nodes`` are alternatives of one
+    subprogram: at most one of them is switched on."""
 
     key: str
     nodes: tuple[str, ...]
     saving_s: float
+    alternative: str = ""
 
 
 @dataclass
@@ -117,7 +122,8 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     if not groups:
         return None
     names = {g.key: g.nodes[0] + (f" (x{len(g.nodes)})" if len(g.nodes) > 1 else "")
-             for g in groups}
+             + (f" as {g.alternative}" if g.alternative else "") for g in groups}
+    nodes_of = {g.key: g.nodes for g in groups}
     built: dict[frozenset[str], Callable[[], object] | None] = {}
     programs: dict[frozenset[str], Program] = {}
     spinning: set[frozenset[str]] = set()
@@ -166,7 +172,8 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     winners = [on for on in level if times[on] < base * (1 - MARGIN)]
     detail = _detail(times, start, names)
     pick = current
-    together = winners if len(winners) > 1 else level if len(level) > 1 else []
+    together = _compatible(winners if len(winners) > 1 else level, current, nodes_of)
+    together = together if len(together) > 1 else []
     if winners or together:
         # confirm in a second, independent and longer comparison: the best single switch
         # and, when several were faster, all of them together, against the current choice
@@ -183,6 +190,21 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
                 detail += "; not confirmed"
     return Refined(pick, programs[pick],
                    f"program context: {_describe(pick, start, names)} ({detail})")
+
+
+def _compatible(switches: Sequence[frozenset[str]], current: frozenset[str],
+                nodes_of: Mapping[str, tuple[str, ...]]) -> list[frozenset[str]]:
+    """``switches`` (fastest first) without those switching on a second alternative of a
+    subprogram an earlier one (or ``current``) already switched on."""
+    taken = {nodes_of[k] for k in current}
+    out = []
+    for on in switches:
+        added = {nodes_of[k] for k in on - current}
+        if added & taken:
+            continue
+        taken |= added
+        out.append(on)
+    return out
 
 
 def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],

@@ -100,7 +100,9 @@ class SubprogramReport:
     """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
     (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program was
     not measurably faster with it (:mod:`ollie.optimizer.libraries`,
-    :mod:`ollie.optimizer.context`), else None."""
+    :mod:`ollie.optimizer.context`), else None. ``in_program``: the original operator was
+    faster alone, and the context step kept this rewrite (``chosen``, ``optimized_ms`` its
+    time alone) because the whole program was faster with it."""
 
     node: str
     op: str
@@ -112,6 +114,7 @@ class SubprogramReport:
     reused: bool = False
     candidates: int = 0
     not_kept: dict | None = None
+    in_program: bool = False
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -147,6 +150,8 @@ class OptimizedModel:
             lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
                          f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
                          + (" (reused)" if r.reused else "")
+                         + (" (not faster alone; kept: the whole program was faster with "
+                            "it)" if r.in_program else "")
                          + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
                             "alone: not kept)" if r.not_kept else ""))
         lines += [f"note: {n}" for n in self.notes]
@@ -203,17 +208,40 @@ class _Outcome:
     original_s: float
     optimized_s: float
     candidates: int
+    alternatives: list[_Alternative] = field(default_factory=list)
+    """When the original won alone: rewrites the context step tries in the whole program
+    (:meth:`ollie.optimizer.select.Selection.alternatives`)."""
 
     def to_json(self) -> str:
         kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]
-        return json.dumps({**self.__dict__, "kernels": kernels})
+        return json.dumps({**self.__dict__, "kernels": kernels,
+                           "alternatives": [a.to_doc() for a in self.alternatives]})
 
     @classmethod
     def from_json(cls, text: str) -> _Outcome:
         doc = json.loads(text)
         if doc["kernels"] is not None:
             doc["kernels"] = [kernel_from_json(k) for k in doc["kernels"]]
+        doc["alternatives"] = [_Alternative.from_doc(a) for a in doc.get("alternatives", [])]
         return cls(**doc)
+
+
+@dataclass
+class _Alternative:
+    """A rewrite of a subprogram whose original operator won alone (:class:`_Outcome`)."""
+
+    kernels: list[Kernel]
+    output: str
+    label: str
+    derivation: list[str]
+    seconds: float
+
+    def to_doc(self) -> dict:
+        return {**self.__dict__, "kernels": [kernel_to_json(k) for k in self.kernels]}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> _Alternative:
+        return cls(**{**doc, "kernels": [kernel_from_json(k) for k in doc["kernels"]]})
 
 
 class _Optimizer:
@@ -236,6 +264,11 @@ class _Optimizer:
         (:meth:`assemble`)."""
         self.rewrite_keys: dict[str, str] = {}
         """Decision key of each node that got a rewrite (:meth:`compute_node`)."""
+        self.alternatives: dict[str, list[tuple[str, list[Kernel]]]] = {}
+        """Per node whose original operator won alone: its alternatives' keys and kernels,
+        switched on only by the context step (:meth:`assemble`)."""
+        self.alternative_of: dict[str, _Alternative] = {}
+        """Each alternative by its key."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -318,9 +351,15 @@ class _Optimizer:
         self.report.append(SubprogramReport(node.name, node.op, node.op, out.label,
                                             out.derivation, out.original_s * 1e3,
                                             out.optimized_s * 1e3, reused, out.candidates))
-        if out.kernels is None:
-            return self.node_kernel(node)
         inverse = {canon: orig for orig, canon in names.items()}
+        if out.kernels is None:
+            self.alternatives[node.name] = [
+                (f"{key}|alternative{i}", rename_kernels(a.kernels, inverse, a.output,
+                                                         node.outputs[0], prefix=node.name))
+                for i, a in enumerate(out.alternatives)]
+            self.alternative_of.update({f"{key}|alternative{i}": a
+                                        for i, a in enumerate(out.alternatives)})
+            return self.node_kernel(node)
         kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
                                  prefix=node.name)
         self.rewrite_keys[node.name] = key
@@ -328,28 +367,45 @@ class _Optimizer:
 
     def assemble(self, on: frozenset[str]) -> Program:
         """The program with the rewrites whose decision key is in ``on`` and the original
-        operators for the other rewritten subprograms (:mod:`ollie.optimizer.context`)."""
-        kernels = [k for node, key, chosen in self.parts
-                   for k in (chosen if key is None or key in on else self.node_kernel(node))]
+        operators for the other rewritten subprograms; a subprogram whose original won alone
+        runs its first alternative in ``on``, if any (:mod:`ollie.optimizer.context`)."""
+        kernels: list[Kernel] = []
+        for node, key, chosen in self.parts:
+            if key is not None:
+                kernels += chosen if key in on else self.node_kernel(node)
+                continue
+            alt = next((ks for k, ks in self.alternatives.get(node.name, []) if k in on), None)
+            kernels += chosen if alt is None else alt
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
         return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
 
     def groups(self) -> list[Group]:
-        """The distinct rewritten subprograms, with the time their rewrite saved alone."""
+        """The distinct rewritten subprograms, with the time their rewrite saved alone, and
+        the alternatives of those whose original won (:attr:`Group.alternative`)."""
         nodes: dict[str, list[str]] = {}
         for node, key, _ in self.parts:
             if key is not None:
                 nodes.setdefault(key, []).append(node.name)
-        return [Group(key, tuple(names), len(names) * max(
-            self.memo[key].original_s - self.memo[key].optimized_s, 0.0))
-            for key, names in nodes.items()]
+            for akey, _ in self.alternatives.get(node.name, []):
+                nodes.setdefault(akey, []).append(node.name)
+        out = []
+        for key, names in nodes.items():
+            alt = self.alternative_of.get(key)
+            if alt is None:
+                saving = self.memo[key].original_s - self.memo[key].optimized_s
+            else:
+                saving = self.memo[key.rsplit("|", 1)[0]].original_s - alt.seconds
+            out.append(Group(key, tuple(names), len(names) * max(saving, 0.0),
+                             alt.label if alt is not None else ""))
+        return out
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
                channels_last: frozenset[str] = frozenset()) -> _Outcome:
         """The decision for a subprogram: from the decision cache, or by search + selection
         (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
-        key = (f"decision|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
+        # "decision2": with the alternatives of a subprogram whose original won (2026-11-25)
+        key = (f"decision2|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
                f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
                f"{layout_key(channels_last)}")
         if self.cache is not None:
@@ -376,8 +432,13 @@ class _Optimizer:
         best = sel.best
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
+            alternatives = [
+                _Alternative(list(m.candidate.kernels), m.candidate.output,
+                             m.program.summary(), m.candidate.derivation, m.seconds)
+                for m in sel.alternatives() if m.candidate is not None and
+                m.program is not None] if torch.device(cfg.device).type == "cpu" else []
             return _Outcome(None, None, "original operator", [], sel.baseline.seconds,
-                            sel.baseline.seconds, ncand)
+                            sel.baseline.seconds, ncand, alternatives)
         cand = best.candidate
         return _Outcome(list(cand.kernels), cand.output, best.program.summary(),
                         cand.derivation, sel.baseline.seconds, best.seconds, ncand)
@@ -443,18 +504,22 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         report = kept_originals(report)
         notes.append(f"kept the {ORIGINALS}: the whole program with the rewritten subprograms "
                      f"was not {ALTERNATIVE_MARGIN:.0%} faster than with them (times above)")
-    if which == "optimised" and rewritten and cfg.context and \
-            torch.device(cfg.device).type == "cpu":
-        groups = opt.groups()
-        start = frozenset() if chosen_originals else frozenset(g.key for g in groups)
+    groups = opt.groups() if which == "optimised" and cfg.context and \
+        torch.device(cfg.device).type == "cpu" else []
+    if groups:
+        start = frozenset() if chosen_originals else \
+            frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = (decision or PER_OPERATOR).split(": ", 1)[-1]
         refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
                                 cfg.device, cfg.settle)
         if refined is not None and refined.on != start:
             prog = refined.program
-            off = {n for g in groups if g.key not in refined.on for n in g.nodes}
-            report = kept_originals(opt.report, off)
+            off = {n for g in groups if not g.alternative and g.key not in refined.on
+                   for n in g.nodes}
+            report = switched_on(kept_originals(opt.report, off), {
+                n: opt.alternative_of[g.key] for g in groups
+                if g.alternative and g.key in refined.on for n in g.nodes})
         if refined is not None:
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
@@ -472,6 +537,24 @@ def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None
                     {"program": r.chosen, "ms": r.optimized_ms,
                      "derivation": list(r.derivation)})
             for r in report]
+
+
+def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, _Alternative]
+                ) -> list[SubprogramReport]:
+    """The report with the subprograms of ``alternatives`` (by node; the original won alone,
+    the context step switched this rewrite on) running it."""
+    seen: set[str] = set()
+    out = []
+    for r in report:
+        alt = alternatives.get(r.node)
+        if alt is None or r.node in seen:
+            out.append(r)
+            continue
+        seen.add(r.node)
+        out.append(replace(r, chosen=alt.label, derivation=list(alt.derivation),
+                           optimized_ms=alt.seconds * 1e3, not_kept=None,
+                           in_program=True))
+    return out
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

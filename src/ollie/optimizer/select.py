@@ -31,6 +31,19 @@ MARGIN = 0.03
 """A candidate must be this much faster (fraction of the original's time) to be chosen."""
 
 
+ALTERNATIVE_WITHIN = 1.6
+"""A candidate slower alone than the original by at most this factor is kept as an alternative
+(:meth:`Selection.alternatives`). InfoGAN's 448 -> 256 transposed convolution at batch 1 as a
+product and a selective add took 0.57-0.79 ms alone against 0.50 for the original (oneDNN),
+and in the whole program as an ONNX Runtime region (``MatMul`` + ``Col2Im``) made it 1.35-1.45x
+faster than the original operators there (2-core AVX2 EPYC VM, 2026-11-25, scratch
+``variants.py``: 1.13-1.37 against 1.64-1.84 ms): ONNX Runtime's ``ConvTranspose`` on that
+2x2 input is its slowest layer (0.76-1.10 ms; its ``MatMul`` on a constant weight 0.32-0.40)."""
+
+ALTERNATIVES = 1
+"""Alternatives kept per subprogram (:meth:`Selection.alternatives`)."""
+
+
 @dataclass
 class Measured:
     """One measured program (or the baseline, ``program is None``)."""
@@ -63,6 +76,23 @@ class Selection:
     @property
     def speedup(self) -> float:
         return self.baseline.seconds / self.best.seconds
+
+    def alternatives(self, within: float = ALTERNATIVE_WITHIN,
+                     limit: int = ALTERNATIVES) -> list[Measured]:
+        """When the original won: the fastest candidate of each distinct program label
+        (``Matmul -> eOp``, ``Conv -> eOp``, ...) measured at most ``within`` times the
+        original's time alone, fastest first, at most ``limit`` of them (none when a candidate
+        won). The program-level context step (:mod:`ollie.optimizer.context`) tries each in
+        the whole program, where other libraries run it (an ONNX Runtime region) and its
+        neighbours change its caches."""
+        if self.best is not self.baseline:
+            return []
+        out: dict[str, Measured] = {}
+        for m in sorted(self.measured, key=lambda m: m.seconds):
+            if m.program is not None and m.candidate is not None and \
+                    m.seconds <= self.baseline.seconds * within and m.label not in out:
+                out[m.label] = m
+        return list(out.values())[:limit]
 
 
 def candidate_program(cand: Candidate, expr: Expr, constants: Mapping[str, np.ndarray]
