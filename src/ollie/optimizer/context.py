@@ -9,6 +9,15 @@ rewrites were each faster alone (0.044 against 0.061 ms, 0.248 against 0.277, 0.
 0.160, 0.053 against 0.072), the program with all of them ran 0.449 ms and the one with none
 0.378 ms: all four were dropped, including any that helped in the program.
 
+A subprogram whose original operator won alone offers its fastest rewrite measured within
+:data:`ollie.optimizer.select.ALTERNATIVE_WITHIN` of it as a switch too, off at the start
+(:attr:`Group.alternative`): in the program another library may run the rewrite. InfoGAN b1
+(2-core AVX2 EPYC VM, 2026-11-25) is one ONNX Runtime region, whose ``ConvTranspose`` on the
+448 -> 256 layer's 2x2 input took 0.76-1.10 ms against 0.32-0.40 for a ``MatMul`` and
+``Col2Im``; oneDNN ran the original as fast as the rewrite alone. With that alternative
+switched on the program ran 0.63 against 0.73 ms in this step, and 1.46-1.56x faster than
+ONNX Runtime side by side (0.82-0.90x before).
+
 One greedy pass from the program-level choice (all rewrites on, or all off when the original
 operators won): every single switch is timed against the current choice in interleaved rounds
 (steady state). Then, when a switch was faster by :data:`MARGIN`, or when several were not

@@ -543,18 +543,10 @@ def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, _Alte
                 ) -> list[SubprogramReport]:
     """The report with the subprograms of ``alternatives`` (by node; the original won alone,
     the context step switched this rewrite on) running it."""
-    seen: set[str] = set()
-    out = []
-    for r in report:
-        alt = alternatives.get(r.node)
-        if alt is None or r.node in seen:
-            out.append(r)
-            continue
-        seen.add(r.node)
-        out.append(replace(r, chosen=alt.label, derivation=list(alt.derivation),
-                           optimized_ms=alt.seconds * 1e3, not_kept=None,
-                           in_program=True))
-    return out
+    return [r if (alt := alternatives.get(r.node)) is None else
+            replace(r, chosen=alt.label, derivation=list(alt.derivation),
+                    optimized_ms=alt.seconds * 1e3, not_kept=None, in_program=True)
+            for r in report]
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]
