@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -47,6 +47,14 @@ from ollie.optimizer.final import (
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.rename import rename_expr, rename_kernels
+from ollie.optimizer.report import (
+    Alternative,
+    OptimizedModel,
+    SubprogramReport,
+    kept_originals,
+    load,
+    switched_on,
+)
 from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
 from ollie.program.postprocess import describe as describe_postprocess
@@ -95,83 +103,6 @@ class OptimizeConfig:
         })
 
 
-@dataclass
-class SubprogramReport:
-    """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
-    (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program was
-    not measurably faster with it (:mod:`ollie.optimizer.libraries`,
-    :mod:`ollie.optimizer.context`), else None. ``in_program``: the original operator was
-    faster alone, and the context step kept this rewrite (``chosen``, ``optimized_ms`` its
-    time alone) because the whole program was faster with it."""
-
-    node: str
-    op: str
-    original: str
-    chosen: str
-    derivation: list[str]
-    original_ms: float
-    optimized_ms: float
-    reused: bool = False
-    candidates: int = 0
-    not_kept: dict | None = None
-    in_program: bool = False
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class OptimizedModel:
-    """A callable optimised program with its report; ``save`` / :func:`load`."""
-
-    program: Program
-    report: list[SubprogramReport] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    input_names: tuple[str, ...] = ()
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        self._compiled = CompiledProgram(self.program, self.device)
-
-    def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        return self._compiled(*inputs)
-
-    def save(self, path: str | Path) -> None:
-        import json
-
-        self.program.save(path)
-        (Path(path) / "report.json").write_text(json.dumps(
-            {"report": [r.to_json() for r in self.report], "notes": self.notes}, indent=1))
-
-    def summary(self) -> str:
-        lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
-        for r in self.report:
-            sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
-            lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
-                         f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
-                         + (" (reused)" if r.reused else "")
-                         + (" (not faster alone; kept: the whole program was faster with "
-                            "it)" if r.in_program else "")
-                         + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
-                            "alone: not kept)" if r.not_kept else ""))
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
-    """Load a program saved by :meth:`OptimizedModel.save`."""
-    import json
-
-    prog = Program.load(path)
-    report, notes = [], []
-    rp = Path(path) / "report.json"
-    if rp.exists():
-        doc = json.loads(rp.read_text())
-        report = [SubprogramReport(**r) for r in doc.get("report", [])]
-        notes = doc.get("notes", [])
-    return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
-
-
 # --------------------------------------------------------------------- frontend
 def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | None) -> Graph:
     """The graph of a torch module, an ONNX path or an ONNX ModelProto."""
@@ -208,7 +139,7 @@ class _Outcome:
     original_s: float
     optimized_s: float
     candidates: int
-    alternatives: list[_Alternative] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
     """When the original won alone: rewrites the context step tries in the whole program
     (:meth:`ollie.optimizer.select.Selection.alternatives`)."""
 
@@ -222,26 +153,8 @@ class _Outcome:
         doc = json.loads(text)
         if doc["kernels"] is not None:
             doc["kernels"] = [kernel_from_json(k) for k in doc["kernels"]]
-        doc["alternatives"] = [_Alternative.from_doc(a) for a in doc.get("alternatives", [])]
+        doc["alternatives"] = [Alternative.from_doc(a) for a in doc.get("alternatives", [])]
         return cls(**doc)
-
-
-@dataclass
-class _Alternative:
-    """A rewrite of a subprogram whose original operator won alone (:class:`_Outcome`)."""
-
-    kernels: list[Kernel]
-    output: str
-    label: str
-    derivation: list[str]
-    seconds: float
-
-    def to_doc(self) -> dict:
-        return {**self.__dict__, "kernels": [kernel_to_json(k) for k in self.kernels]}
-
-    @classmethod
-    def from_doc(cls, doc: dict) -> _Alternative:
-        return cls(**{**doc, "kernels": [kernel_from_json(k) for k in doc["kernels"]]})
 
 
 class _Optimizer:
@@ -267,7 +180,7 @@ class _Optimizer:
         self.alternatives: dict[str, list[tuple[str, list[Kernel]]]] = {}
         """Per node whose original operator won alone: its alternatives' keys and kernels,
         switched on only by the context step (:meth:`assemble`)."""
-        self.alternative_of: dict[str, _Alternative] = {}
+        self.alternative_of: dict[str, Alternative] = {}
         """Each alternative by its key."""
 
     def run(self) -> Program:
@@ -433,7 +346,7 @@ class _Optimizer:
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
             alternatives = [
-                _Alternative(list(m.candidate.kernels), m.candidate.output,
+                Alternative(list(m.candidate.kernels), m.candidate.output,
                              m.program.summary(), m.candidate.derivation, m.seconds)
                 for m in sel.alternatives() if m.candidate is not None and
                 m.program is not None] if torch.device(cfg.device).type == "cpu" else []
@@ -524,29 +437,6 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device)
-
-
-def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None = None
-                   ) -> list[SubprogramReport]:
-    """The report of a program that kept its original operators for ``nodes`` (default: all):
-    those subprograms the original operator, the rewrite found for each recorded as
-    ``not_kept``."""
-    return [r if nodes is not None and r.node not in nodes else
-            replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms,
-                    not_kept=None if r.chosen == ORIGINAL else
-                    {"program": r.chosen, "ms": r.optimized_ms,
-                     "derivation": list(r.derivation)})
-            for r in report]
-
-
-def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, _Alternative]
-                ) -> list[SubprogramReport]:
-    """The report with the subprograms of ``alternatives`` (by node; the original won alone,
-    the context step switched this rewrite on) running it."""
-    return [r if (alt := alternatives.get(r.node)) is None else
-            replace(r, chosen=alt.label, derivation=list(alt.derivation),
-                    optimized_ms=alt.seconds * 1e3, not_kept=None, in_program=True)
-            for r in report]
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

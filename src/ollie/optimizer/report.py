@@ -1,0 +1,140 @@
+"""What ``ollie.optimize`` returns and reports: :class:`OptimizedModel` (a callable program with
+its per-subprogram :class:`SubprogramReport` and notes; ``save`` / :func:`load`), and the report
+edits of the program-level steps: rewrites not kept (:func:`kept_originals`) and alternatives
+switched on in the whole program (:class:`Alternative`, :func:`switched_on`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from ollie.optimizer.final import ORIGINAL
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program, kernel_from_json, kernel_to_json
+from ollie.runtime.executor import CompiledProgram
+
+
+@dataclass
+class SubprogramReport:
+    """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
+    (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program was
+    not measurably faster with it (:mod:`ollie.optimizer.libraries`,
+    :mod:`ollie.optimizer.context`), else None. ``in_program``: the original operator was
+    faster alone, and the context step kept this rewrite (``chosen``, ``optimized_ms`` its
+    time alone) because the whole program was faster with it."""
+
+    node: str
+    op: str
+    original: str
+    chosen: str
+    derivation: list[str]
+    original_ms: float
+    optimized_ms: float
+    reused: bool = False
+    candidates: int = 0
+    not_kept: dict | None = None
+    in_program: bool = False
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class OptimizedModel:
+    """A callable optimised program with its report; ``save`` / :func:`load`."""
+
+    program: Program
+    report: list[SubprogramReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    input_names: tuple[str, ...] = ()
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self._compiled = CompiledProgram(self.program, self.device)
+
+    def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return self._compiled(*inputs)
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        self.program.save(path)
+        (Path(path) / "report.json").write_text(json.dumps(
+            {"report": [r.to_json() for r in self.report], "notes": self.notes}, indent=1))
+
+    def summary(self) -> str:
+        lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
+        for r in self.report:
+            sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
+            lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
+                         f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
+                         + (" (reused)" if r.reused else "")
+                         + (" (not faster alone; kept: the whole program was faster with "
+                            "it)" if r.in_program else "")
+                         + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
+                            "alone: not kept)" if r.not_kept else ""))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
+    """Load a program saved by :meth:`OptimizedModel.save`."""
+    import json
+
+    prog = Program.load(path)
+    report, notes = [], []
+    rp = Path(path) / "report.json"
+    if rp.exists():
+        doc = json.loads(rp.read_text())
+        report = [SubprogramReport(**r) for r in doc.get("report", [])]
+        notes = doc.get("notes", [])
+    return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+
+
+@dataclass
+class Alternative:
+    """A rewrite of a subprogram whose original operator won alone, offered to the program-context
+    step (:mod:`ollie.optimizer.context`); ``seconds``: its time alone."""
+
+    kernels: list[Kernel]
+    output: str
+    label: str
+    derivation: list[str]
+    seconds: float
+
+    def to_doc(self) -> dict:
+        return {**self.__dict__, "kernels": [kernel_to_json(k) for k in self.kernels]}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> Alternative:
+        return cls(**{**doc, "kernels": [kernel_from_json(k) for k in doc["kernels"]]})
+
+
+def kept_originals(report: list[SubprogramReport], nodes: Collection[str] | None = None
+                   ) -> list[SubprogramReport]:
+    """The report of a program that kept its original operators for ``nodes`` (default: all):
+    those subprograms the original operator, the rewrite found for each recorded as
+    ``not_kept``."""
+    return [r if nodes is not None and r.node not in nodes else
+            replace(r, chosen=ORIGINAL, derivation=[], optimized_ms=r.original_ms,
+                    not_kept=None if r.chosen == ORIGINAL else
+                    {"program": r.chosen, "ms": r.optimized_ms,
+                     "derivation": list(r.derivation)})
+            for r in report]
+
+
+def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, Alternative]
+                ) -> list[SubprogramReport]:
+    """The report with the subprograms of ``alternatives`` (by node; the original won alone,
+    the context step switched this rewrite on) running it."""
+    return [r if (alt := alternatives.get(r.node)) is None else
+            replace(r, chosen=alt.label, derivation=list(alt.derivation),
+                    optimized_ms=alt.seconds * 1e3, not_kept=None, in_program=True)
+            for r in report]
+
+
+__all__ = ["Alternative", "OptimizedModel", "SubprogramReport", "kept_originals", "load",
+           "switched_on"]
