@@ -301,6 +301,13 @@ def test_the_small_tile_is_offered_where_it_multiplies_less_or_the_weights_excee
     assert winograd.tile_sizes(parts, (14, 14), 1) == [4]
     # 2x2 outputs: one 4x4 tile (36 products) against one 2x2 tile (16)
     assert winograd.tile_sizes(parts, (2, 2), 1) == [4, 2]
+    # 4x4 outputs: one 4x4 tile (36 products, fewer) against four 2x2 tiles (64), but each
+    # weight matrix then serves one tile per batch entry
+    assert winograd.tile_sizes(parts, (4, 4), 1) == [4, 2]
+    assert winograd.tile_sizes(parts, (5, 4), 1) == [4]
+    # dilation 2: one tile per residue class
+    assert winograd.tile_sizes(parts, (8, 8), 2) == [4, 2]
+    assert winograd.tile_sizes(parts, (10, 8), 2) == [4]
     # transformed weights past the largest cache: 36 * 8 * 16 * 4 bytes > 1 KiB
     import sys
 

@@ -25,12 +25,17 @@ pass down the columns and one along the rows, each loop over channels computing 
 column or row, vectorised), generated per channel block and stored in the kernel cache
 (:mod:`ollie.codegen.cache`); the products are one call of oneDNN's grouped 1x1 convolution
 with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is a
-channels-last ``[1, n*n*cb, tiles, 1]`` image, ``n*n`` groups of the channel block ``cb``,
-the channels past ``C`` zero in ``V`` and in ``U``). On the 2-core VM
-(2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-512 channels, against 272-348
-for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels. Bias, a residual
-``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform; other activations
-after it. The output is channels-last (the transforms' natural layout: channels innermost).
+channels-last ``[1, P*n*n*cb, tiles, 1]`` image, ``P*n*n`` groups of the channel block ``cb``,
+the channels past ``C`` zero in ``V`` and in ``U``; ``P``: the parts, e.g. the four output
+phases of a stride-2 transposed convolution, :func:`phase_parts`). One call of each
+transform and of the products for all parts, against one per part before: InfoGAN's and
+DCGAN's b16 transposed convolutions ran 1.07-1.40x faster, InfoGAN's b1 layers 1.7-2.1x
+(2-core VM, 2026-11-26, alone, alternating in one process, scratch ``/tmp/w28/ab2.py``).
+On the 2-core VM (2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-512
+channels, against 272-348 for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels.
+Bias, a residual ``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform;
+other activations after it. The output is channels-last (the transforms' natural layout:
+channels innermost).
 
 Numerics. The products sum ``C`` terms in float32 like a direct convolution; the transforms
 add and scale by the matrices' entries (for ``F(4, 3)``: integers up to 8 and ``1/24``), which
@@ -298,9 +303,15 @@ Part = tuple[torch.Tensor, tuple[int, int], int]
 def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[int]:
     """The output tiles ``m`` to try for ``parts`` (:func:`_build`, outputs ``out_size`` per
     phase): :data:`TILE`, and :data:`SMALL_TILE` where the :data:`TILE` form's transformed
-    weights exceed the largest CPU cache (at most :data:`CACHE_MAX_BYTES`) or its products do
+    weights exceed the largest CPU cache (at most :data:`CACHE_MAX_BYTES`), its products do
     more multiplications (tiles mostly past the output: a 2x2 output per phase, InfoGAN's
-    448 -> 256 layer)."""
+    448 -> 256 layer), or one tile covers the output (per residue class): then each of the
+    ``(m + r - 1)**2`` weight matrices of a product serves one row per batch entry, and
+    reading the weights costs more than the multiplications saved. On the 2-core VM
+    (2026-11-26, scratch ``/tmp/w28/tiles.py``, alone, alternating), InfoGAN's 256 -> 128
+    layer ([b, 256, 4, 4] input, 4x4 outputs per phase) took 0.35-0.37 ms with ``F(2x2)``
+    against 0.65-0.70 with ``F(4x4)`` at b1, and 2.23-3.16 against 2.24-2.94 at b16; with 8x8
+    outputs per phase ``F(4x4)`` was faster (b16: 2.30-2.40 against 3.05-3.18 ms)."""
     from ollie.tune.measure import llc_bytes
 
     r = parts[0][0].shape[-1]
@@ -313,8 +324,9 @@ def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[i
     def products(t: int) -> int:
         return _tiles(out_size[0], t, dil) * _tiles(out_size[1], t, dil) * (t + r - 1) ** 2
 
+    one_tile = _tiles(out_size[0], m, dil) * _tiles(out_size[1], m, dil) == dil * dil
     small = weight_bytes > min(llc_bytes(), CACHE_MAX_BYTES) or \
-        products(SMALL_TILE) < products(m)
+        products(SMALL_TILE) < products(m) or one_tile
     return [m, SMALL_TILE] if small else [m]
 
 
@@ -364,8 +376,10 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     r = parts[0][0].shape[-1]
     m = TILE[r] if m is None else m
     nb, c = input_shape[0], input_shape[1]
-    kp = max(w.shape[0] for w, _, _ in parts)
-    k = parts[0][0].shape[0] * len(parts) // (s * s)
+    kp = parts[0][0].shape[0]
+    if any(w.shape[0] != kp for w, _, _ in parts):
+        return None
+    k = kp * len(parts) // (s * s)
     ho, wo = out_size
     if ho <= 0 or wo <= 0:
         return None
@@ -376,31 +390,30 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     cb = channel_block(c)
     try:
         imod = input_module(m, r, c)
-        omods = {w.shape[0]: output_module(m, r, w.shape[0]) for w, _, _ in parts}
+        omod = output_module(m, r, kp)
     except Exception as exc:  # numba's compile errors have many types
         log.warning("Winograd F(%d, %d) transforms did not compile: %s", m, r, exc)
         return None
     nn = (m + r - 1) ** 2
-    # tiles in blocks of at most ``block`` (V and M of a block stay in the caches); the nn
-    # products of a block as one grouped 1x1 convolution: V [block, nn, cb] (C channels and
-    # zeros up to the transforms' channel block cb) is a channels-last [1, nn*cb, block, 1]
-    # image, its output [1, nn*K', block, 1] is M [block, nn, K']
-    per_tile = 4 * nn * (cb + kp)
+    groups = len(parts) * nn
+    # tiles in blocks of at most ``block`` (V and M of a block stay in the caches); the
+    # products of a block, nn per part, as one grouped 1x1 convolution: V [block, P, nn, cb]
+    # (C channels and zeros up to the transforms' channel block cb) is a channels-last
+    # [1, P*nn*cb, block, 1] image, its output [1, P*nn*K', block, 1] is M [block, P, nn, K']
+    per_tile = 4 * groups * (cb + kp)
     block = tiles if tiles * per_tile <= WHOLE_BYTES else max(1, BLOCK_BYTES // per_tile)
     sizes = sorted({block, tiles % block} - {0})
-    runs = []
-    for w, pad, ph0 in parts:
-        u = torch.zeros(nn, w.shape[0], cb)
-        u[:, :, :c] = torch.stack(_weights(w, m))
-        products = {n: onednn.packed_conv2d(u.reshape(nn * w.shape[0], cb, 1, 1),
-                                            (1, nn * cb, n, 1), (1, 1), (0, 0), (1, 1), None,
-                                            nn)
-                    for n in sizes}
-        if any(p is None for p in products.values()):
-            return None
-        phases = w.shape[0] // k
-        bias = (torch.zeros(k) if b is None else b).repeat(phases).numpy()
-        runs.append((products, pad, ph0, w.shape[0], bias, omods[w.shape[0]]))
+    u = torch.zeros(groups, kp, cb)
+    u[:, :, :c] = torch.stack([x for w, _, _ in parts for x in _weights(w, m)])
+    products = {n: onednn.packed_conv2d(u.reshape(groups * kp, cb, 1, 1),
+                                        (1, groups * cb, n, 1), (1, 1), (0, 0), (1, 1), None,
+                                        groups)
+                for n in sizes}
+    if any(p is None for p in products.values()):
+        return None
+    bias = (torch.zeros(k) if b is None else b).repeat(kp // k).numpy()
+    pads = np.array([pad for _, pad, _ in parts], np.int64).reshape(len(parts), 2)
+    ph0s = np.array([ph0 for _, _, ph0 in parts], np.int64)
     no_res = np.zeros((1, 1, 1, 1), np.float32)
     mode = int(relu) + 2 * int(residual)
     big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
@@ -409,7 +422,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     def workspace() -> torch.Tensor:
         v = getattr(local, "v", None)
         if v is None:
-            v = local.v = torch.zeros(block, nn, cb)   # channels c.. stay zero
+            v = local.v = torch.zeros(block, groups, cb)   # channels c.. stay zero
         return v
 
     def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
@@ -425,13 +438,12 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
             count = min(block, tiles - t0)
             chunk = max(1, count // 16)
             vb = v[:count]
-            for products, (pt, pl), ph0, kw, bias, omod in runs:
-                imod.transform_input(xn, vb.reshape(count, nn * cb).numpy(), t0, count, pt,
-                                     pl, dil, th, tw, chunk)
-                out = products[count](vb.reshape(1, count, 1, nn * cb).permute(0, 3, 1, 2))
-                ms = out.permute(0, 2, 3, 1).reshape(count, nn, kw)
-                omod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0, ho, wo, t0,
-                                      count, dil, th, tw, chunk)
+            imod.transform_input(xn, vb.reshape(count, len(parts), nn * cb).numpy(), t0,
+                                 count, pads, dil, th, tw, chunk)
+            out = products[count](vb.reshape(1, count, 1, groups * cb).permute(0, 3, 1, 2))
+            ms = out.permute(0, 2, 3, 1).reshape(count, len(parts), nn, kp)
+            omod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0s, ho, wo, t0, count,
+                                  dil, th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
 
     if residual:

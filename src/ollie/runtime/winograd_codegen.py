@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from fractions import Fraction
 
-KERNEL_VERSION = 10
-"""Part of the generated modules' names: bumped when the generated code changes (10: offsets
+KERNEL_VERSION = 11
+"""Part of the generated modules' names: bumped when the generated code changes (11: the
+transforms loop over the parts (output phases) of a tile in one call; 10: offsets
 and coefficients folded into the text, the same machine code; the input transform of
 ``F(4x4, 2x2)`` compiled in 5.4 instead of 7.1 s, profiled, 2-core VM, 2026-11-24)."""
 
@@ -199,8 +200,9 @@ def _tile_input(x, v, patch, h, b, y0, x0, dil):
 {gathered}{rows}
 
 @njit(parallel=True, fastmath=False, cache=True)
-def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
-    """Tiles ``t0 .. t0 + count - 1`` of ``x`` into ``V`` (``[count, N_ * N_ * CB]``; the
+def transform_input(x, V, t0, count, pads, dil, th, tw, chunk):
+    """Tiles ``t0 .. t0 + count - 1`` of ``x`` into ``V`` (``[count, P, N_ * N_ * CB]``: per
+    tile one row per part ``p``, whose patch is offset by ``pads[p]`` (top, left); the
     channels past ``x``'s of each row are not written)."""
     per = th * tw
     for q in prange((count + chunk - 1) // chunk):
@@ -208,7 +210,8 @@ def transform_input(x, V, t0, count, pad_t, pad_l, dil, th, tw, chunk):
         h = np.empty({nn} * CB, np.float32)
         for tl in range(q * chunk, min(count, (q + 1) * chunk)):
             b, y0, x0 = _origin(t0 + tl, per, tw, dil)
-            _tile_input(x, V[tl], patch, h, b, y0 - pad_t, x0 - pad_l, dil)
+            for p in range(V.shape[1]):
+                _tile_input(x, V[tl, p], patch, h, b, y0 - pads[p, 0], x0 - pads[p, 1], dil)
 '''
 
 _OUTPUT = '''
@@ -251,8 +254,9 @@ def _tile_output(mt, Y, bias, res, mode, s, ph0, ho, wo, h, acc, b, y0, x0, dil)
 
 
 @njit(parallel=True, fastmath=False, cache=True)
-def transform_output(M, Y, bias, res, mode, s, ph0, ho, wo, t0, count, dil, th, tw, chunk):
-    """Tiles ``t0 .. t0 + count - 1`` from their products ``M`` (``[count, N_ * N_, K2]``)
+def transform_output(M, Y, bias, res, mode, s, ph0s, ho, wo, t0, count, dil, th, tw, chunk):
+    """Tiles ``t0 .. t0 + count - 1`` from their products ``M`` (``[count, P, N_ * N_,
+    K2]``: per tile the products of each part ``p``, whose first output phase is ``ph0s[p]``)
     into ``Y``."""
     per = th * tw
     for q in prange((count + chunk - 1) // chunk):
@@ -260,7 +264,9 @@ def transform_output(M, Y, bias, res, mode, s, ph0, ho, wo, t0, count, dil, th, 
         acc = np.empty({mm} * CB, np.float32)
         for tl in range(q * chunk, min(count, (q + 1) * chunk)):
             b, y0, x0 = _origin(t0 + tl, per, tw, dil)
-            _tile_output(M[tl], Y, bias, res, mode, s, ph0, ho, wo, h, acc, b, y0, x0, dil)
+            for p in range(M.shape[1]):
+                _tile_output(M[tl, p], Y, bias, res, mode, s, ph0s[p], ho, wo, h, acc, b, y0,
+                             x0, dil)
 '''
 
 
