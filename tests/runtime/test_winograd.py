@@ -351,3 +351,43 @@ def test_small_tiles_match_the_interpreter(monkeypatch, k, dil, residual, transp
         got = conv(x, r) if residual else conv(x)
     assert got.shape == want.shape
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+@needs_onednn
+@pytest.mark.parametrize(("transposed", "residual", "per_block"), [
+    (True, True, 3), (True, False, 1), (False, True, 3)])
+def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual,
+                                               per_block) -> None:
+    # past WHOLE_BYTES the tiles go in blocks (here of 1 or 3 tiles, the last block shorter),
+    # each block's transforms and products, for all parts at once, in turn
+    g = torch.Generator().manual_seed(7 + per_block)
+    c, f = 12, 5
+    x = torch.randn(2, c, 7, 6, generator=g)
+    b = torch.randn(f, generator=g)
+    if transposed:   # four parts (output phases), F(4x4, 2x2): 25 products each
+        w = torch.randn(c, f, 4, 4, generator=g)
+        groups, kp = 4 * 25, f
+    else:            # one part, F(4x4, 3x3): 36 products
+        w = torch.randn(f, c, 3, 3, generator=g)
+        groups, kp = 36, f
+    per_tile = 4 * groups * (winograd.channel_block(c) + kp)
+    monkeypatch.setattr(winograd, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(winograd, "BLOCK_BYTES", per_block * per_tile)
+    monkeypatch.setattr(winograd, "tile_sizes",
+                        lambda parts, *a: [winograd.TILE[parts[0][0].shape[-1]]])
+    if transposed:
+        conv = winograd.winograd_conv_transpose2d(w, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                                  (1, 1), b, activation="relu",
+                                                  residual=residual)
+        want = torch.from_numpy(_interpreted_transposed(x, w, 2, 1, 0))
+    else:
+        conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
+                                        activation="relu", residual=residual)
+        want = torch.from_numpy(_interpreted(x, w, 1, 1))
+    assert conv is not None
+    r = torch.randn(want.shape, generator=g)
+    want = torch.relu(want + b.reshape(1, -1, 1, 1) + (r if residual else 0))
+    with torch.inference_mode():
+        got = conv(x, r) if residual else conv(x)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
