@@ -344,13 +344,7 @@ def test_small_tiles_match_the_interpreter(monkeypatch, k, dil, residual, transp
         conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (pad, pad), (dil, dil), b,
                                         activation="relu", residual=residual)
         want = torch.from_numpy(_interpreted(x, w, pad, dil))
-    assert conv is not None
-    r = torch.randn(want.shape, generator=g)
-    want = torch.relu(want + b.reshape(1, -1, 1, 1) + (r if residual else 0))
-    with torch.inference_mode():
-        got = conv(x, r) if residual else conv(x)
-    assert got.shape == want.shape
-    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    _check_relu_conv(conv, x, want, b, residual, g)
 
 
 @needs_onednn
@@ -384,6 +378,13 @@ def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual
         conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
                                         activation="relu", residual=residual)
         want = torch.from_numpy(_interpreted(x, w, 1, 1))
+    _check_relu_conv(conv, x, want, b, residual, g)
+
+
+def _check_relu_conv(conv, x: torch.Tensor, want: torch.Tensor, b: torch.Tensor,
+                     residual: bool, g: torch.Generator) -> None:
+    """``conv`` (``f(conv(x) + b [+ r])`` with ReLU) agrees with ``want``, the interpreted
+    convolution without bias, on ``x`` and a random residual ``r``."""
     assert conv is not None
     r = torch.randn(want.shape, generator=g)
     want = torch.relu(want + b.reshape(1, -1, 1, 1) + (r if residual else 0))
