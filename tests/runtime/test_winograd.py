@@ -369,6 +369,18 @@ def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual
     monkeypatch.setattr(winograd, "BLOCK_BYTES", per_block * per_tile)
     monkeypatch.setattr(winograd, "tile_sizes",
                         lambda parts, *a: [winograd.TILE[parts[0][0].shape[-1]]])
+    counts: list[int] = []   # tiles per input-transform call: one call per block
+    real = winograd.input_module
+
+    class Counted:
+        def __init__(self, mod) -> None:
+            self.mod = mod
+
+        def transform_input(self, *args):
+            counts.append(args[3])
+            return self.mod.transform_input(*args)
+
+    monkeypatch.setattr(winograd, "input_module", lambda *a: Counted(real(*a)))
     if transposed:
         conv = winograd.winograd_conv_transpose2d(w, tuple(x.shape), (2, 2), (1, 1), (0, 0),
                                                   (1, 1), b, activation="relu",
@@ -378,7 +390,10 @@ def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual
         conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
                                         activation="relu", residual=residual)
         want = torch.from_numpy(_interpreted(x, w, 1, 1))
+    counts.clear()
     _check_relu_conv(conv, x, want, b, residual, g)
+    # 7x6 outputs (per phase) in 4x4 tiles: 2 x 2 per image, 8 in all
+    assert counts == [per_block] * (8 // per_block) + ([8 % per_block] if 8 % per_block else [])
 
 
 def _check_relu_conv(conv, x: torch.Tensor, want: torch.Tensor, b: torch.Tensor,
