@@ -72,7 +72,13 @@ input being 9/4 of the input). ``F(2x2, 5x5)`` measured 2-4x slower than oneDNN 
 5x5 layers: its transformed input is 9x the input. ``F(4x4, 5x5)`` on SRCNN's
 [1, 64, 224, 224] 64 -> 32 layer, channels-last input (2026-11-24): input transform 1.15 ms,
 products 2.14 ms (about 380 GFLOP/s), output transform 0.92 ms. Larger tiles need points
-whose powers grow fast (worse rounding)."""
+whose powers grow fast (worse rounding): on DCGAN's b16 stride-2 layers alone (2-core AVX2
+EPYC VM, 2026-11-26, ReLU output against a float64 reference, error relative to its largest
+value), ``F(6x6, 2x2)`` erred by 1.8e-5 / 2.1e-5 and ``F(8x8, 2x2)`` by 6.7e-4 / 8.8e-4
+against 6.5e-6 / 8.2e-6 for ``F(4x4, 2x2)`` ([16, 128, 16, 16] 128 -> 64 / [16, 256, 8, 8]
+256 -> 128), and neither was faster (alternating: 10.7-10.9 and 9.5-9.6 ms against 9.4-9.6
+ms; 11.7-13.4 and 7.8-8.4 against 6.5-7.7 ms): ``F(6x6)`` tiles overrun the 16 or 8
+outputs per phase, and ``F(8x8)`` has 81 weight matrices per phase (42 MB at 256 -> 128)."""
 
 SMALL_TILE = 2
 """``F(2x2, r x r)`` is also built, and the faster of it and the :data:`TILE` form taken
@@ -95,7 +101,11 @@ back in turn, so the block stays in the caches. On the 2-core VM (32 MiB L3, 1 M
 core; 2026-11-24), with 4/8/16/32 MiB blocks against one pass: ResNet-18's [16, 64, 56, 56]
 layer (58 MB of both) took 7.1/6.4/7.7/8.6 ms against 12.3; its [16, 128, 28, 28] layer
 (29 MB) 4.9/4.4/4.5/4.2 against 4.1, and CSRNet's [16, 512, 14, 14] (38 MB) 18.9/17.2/15.2/14.1
-against 12.5 (a product call per block does less per call, at a lower rate)."""
+against 12.5 (a product call per block does less per call, at a lower rate). Inside a whole
+program, where other layers' weights evict a layer's transformed input between calls, blocks
+did not pay either: DCGAN b16 (2026-11-26, one process) ran 27.7-29.7 ms with
+blocks of 4 MiB above 6 MiB against 29.2-29.5 ms with these values, and 41-48 ms against
+20-26 ms with blocks of 1 MiB above 3 MiB."""
 
 
 CHANNELS_LAST_PLANE = 1 << 14
