@@ -5,7 +5,8 @@ interpret=True)``, which loads the kernels with ``TRITON_INTERPRET=1`` whatever 
 was when triton was imported), and the GPU variant of every kernel is built ahead of time down
 to a cubin for sm_80 (Triton bundles ptxas; no GPU needed), which catches what the interpreter
 forgives (constexpr and typing rules of the real compiler). These tests skip when triton is not
-installed. Tests marked ``gpu`` run the same cases compiled for CUDA on a GPU, plus a bandwidth
+installed. Tests marked ``gpu`` run the same cases compiled for CUDA on a GPU, autotuned and
+under each configuration the autotuner may pick, random expressions too, plus a bandwidth
 check. Source-text tests need no triton.
 """
 
@@ -18,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ollie
 from ollie import interpret as reference
 from ollie.codegen.cuda import clear_cache, compile_cuda, triton_source
+from ollie.codegen.cuda_plan import AUTOTUNE_CONFIGS, autotune_configs
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.semantics import random_inputs
 from ollie.testing.strategies import exprs
@@ -107,10 +110,10 @@ CASES = {
 
 
 def _check(expr: ollie.Expr | str, *, device: str = "cpu", interpret: bool = True,
-           cache_dir=None, seed: int = 0) -> None:
+           cache_dir=None, seed: int = 0, config: tuple[int, int] | None = None) -> None:
     expr = ollie.parse(expr) if isinstance(expr, str) else expr
     inputs = random_inputs(expr, seed)
-    kernel = compile_cuda(expr, interpret=interpret, cache_dir=cache_dir)
+    kernel = compile_cuda(expr, interpret=interpret, cache_dir=cache_dir, config=config)
     got = kernel({n: torch.from_numpy(a).to(device) for n, a in inputs.items()})
     assert got.shape == expr.shape and got.dtype == torch.float32
     np.testing.assert_allclose(got.cpu().numpy(), reference(expr, inputs),
@@ -239,6 +242,18 @@ def test_source_proven_bounds_are_not_checked():
     assert "mask=omask," in src and ">=" not in src and src.count(" < ") == 1  # omask only
 
 
+def test_source_single_value_check_is_an_equality():
+    # p = 0:1 of the inner scope read at (h + 1 - r) % 2: one comparison, "== 0", not "< 1"
+    text = triton_source(CASES["transposed_conv_stride_divmod"], autotune=False)
+    assert " == 0\n" in text and " < 1\n" not in text
+
+
+def test_fixed_config_needs_a_power_of_two_block(cache_dir):
+    with pytest.raises(ValueError, match="power of two"):
+        compile_cuda("A: [4]\nL<i=0:4> A[i]", interpret=False, cache_dir=cache_dir,
+                     config=(96, 4))
+
+
 def test_source_autotune_only_for_gpu():
     text = CASES["offset_add_padding"]
     assert "@triton.autotune(" in triton_source(text)
@@ -258,6 +273,30 @@ def test_source_nested_scopes():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_case_on_gpu(name, cache_dir):
     _check(CASES[name], device="cuda", interpret=False, cache_dir=cache_dir)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_on_gpu_every_config(name, cache_dir):
+    """Autotuning may pick any of its configurations, so each must compute the same: Triton 3.6
+    once miscompiled ``transposed_conv_stride_divmod`` under ``BLOCK=128, num_warps=2`` alone."""
+    expr = ollie.parse(CASES[name])
+    for config in autotune_configs(math.prod(expr.shape)):
+        try:
+            _check(expr, device="cuda", interpret=False, cache_dir=cache_dir, config=config)
+        except AssertionError as err:
+            raise AssertionError(f"(BLOCK, num_warps) = {config}: {err}") from err
+
+
+@pytest.mark.gpu
+@needs_triton
+@settings(max_examples=40, deadline=None)
+@given(expr=exprs(depth=2), pick=st.integers(0, len(AUTOTUNE_CONFIGS) - 1))
+def test_random_expressions_on_gpu_any_config(expr, pick, cache_dir):
+    configs = autotune_configs(math.prod(expr.shape))
+    _check(expr, device="cuda", interpret=False, cache_dir=cache_dir,
+           config=configs[pick % len(configs)])
 
 
 @pytest.mark.gpu

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 INTERPRET_BLOCK_MAX = 1024
 """Largest ``BLOCK`` used in interpreter mode (next power of two of the output size below)."""
 
-_CACHE: dict[tuple[Expr, bool, str], CompiledKernel] = {}
+_CACHE: dict[tuple[Expr, bool, str, tuple[int, int] | None], CompiledKernel] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -95,6 +95,7 @@ class CompiledKernel:
     interpret: bool
     functions: tuple[Any, ...]
     temp_shapes: Mapping[str, tuple[int, ...]]
+    config: tuple[int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -156,26 +157,40 @@ class CompiledKernel:
         if self.interpret:
             block = min(INTERPRET_BLOCK_MAX, 1 << max(n - 1, 0).bit_length())
             fn[(math.ceil(n / block),)](dst, *args, n, BLOCK=block)
+        elif self.config is not None:
+            block, warps = self.config
+            fn[(math.ceil(n / block),)](dst, *args, n, BLOCK=block, num_warps=warps)
         else:
             fn[lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)](dst, *args, n)
 
 
 def compile_cuda(expr: Expr | str, *, interpret: bool | None = None,
-                 cache_dir: str | os.PathLike | None = None) -> CompiledKernel:
+                 cache_dir: str | os.PathLike | None = None,
+                 config: tuple[int, int] | None = None) -> CompiledKernel:
     """Generate, cache and load the Triton kernels of ``expr`` (an :class:`Expr` or its text).
 
     ``interpret`` (default: from ``TRITON_INTERPRET``) selects Triton's CPU interpreter: one
-    fixed ``BLOCK``, no autotuning. Compiled kernels are kept in-process per expression and
-    mode. Raises :class:`~ollie.errors.UnsupportedError` when triton is not installed.
+    fixed ``BLOCK``, no autotuning. ``config`` ``(BLOCK, num_warps)`` fixes every kernel's
+    launch on the GPU instead of autotuning over
+    :data:`~ollie.codegen.cuda_plan.AUTOTUNE_CONFIGS` (``BLOCK`` a power of two; the tests
+    check each configuration, since the compiler has miscompiled a kernel under one of them).
+    Compiled kernels are kept in-process per expression, mode and config. Raises
+    :class:`~ollie.errors.UnsupportedError` when triton is not installed.
     """
     expr = _as_expr(expr)
     interp = interpret_mode() if interpret is None else bool(interpret)
+    if config is not None:
+        block, warps = config
+        if interp or block < 1 or block & (block - 1) or warps < 1:
+            raise ValueError(f"config must be (BLOCK, num_warps) with BLOCK a power of two, "
+                             f"for compiled GPU kernels; got {config} (interpret={interp})")
+        config = (int(block), int(warps))
     directory = Path(cache_dir) if cache_dir is not None else kernel_cache_dir()
-    key = (expr, interp, str(directory))
+    key = (expr, interp, str(directory), config)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    plan = _plan(expr, autotune=not interp)
+    plan = _plan(expr, autotune=not interp and config is None)
     source = _module_source(expr, plan)
     path = _write_source(expr, source, directory)
     module = _load(path, interp)
@@ -183,6 +198,7 @@ def compile_cuda(expr: Expr | str, *, interpret: bool | None = None,
         expr=expr, source=source, path=path, stages=tuple(plan.stages), interpret=interp,
         functions=tuple(getattr(module, st.name) for st in plan.stages),
         temp_shapes={k: v for k, v in plan.shapes.items() if k.startswith("%t")},
+        config=config,
     )
     _CACHE[key] = kernel
     return kernel

@@ -82,7 +82,7 @@ def _join(a: str, coef: int, b: str) -> str:
 
 
 _Check = tuple[_V, str, int]
-"""``(index value, ">=" or "<", bound)``: one boundary condition."""
+"""``(index value, ">=", "<" or "==", bound)``: one boundary condition."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,13 @@ class KernelWriter:
         return self.emit(code, arg.level, arg.block)
 
     def checks(self, e: Affine, lo: int, hi: int) -> list[_Check] | None:
-        """Conditions for ``lo <= e < hi`` that bounds do not prove; None when never true."""
+        """Conditions for ``lo <= e < hi`` that bounds do not prove; None when never true.
+
+        Where one value of ``e``'s range passes, the condition is ``e == value``: one
+        comparison instead of two, and it avoids a miscompilation seen on an H100 (Triton 3.6,
+        2026-11-26): ``x % 2 < 1`` for ``x % 2`` in ``[0, 1]`` gave wrong lanes with
+        ``BLOCK=128, num_warps=2`` (the ``transposed_conv_stride_divmod`` case), ``== 0`` did not.
+        """
         e = e.simplify(self.ranges)
         blo, bhi = e.bounds(self.ranges)
         if bhi < lo or blo >= hi:
@@ -216,6 +222,9 @@ class KernelWriter:
         out: list[_Check] = []
         if blo < lo or bhi >= hi:
             v = self.index(e)
+            first, last = max(blo, lo), min(bhi, hi - 1)
+            if first == last:
+                return [(v, "==", first)]
             if blo < lo:
                 out.append((v, ">=", lo))
             if bhi >= hi:
