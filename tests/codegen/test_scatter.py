@@ -142,7 +142,13 @@ def test_compile_cpu_times_both_forms_and_keeps_a_correct_kernel(tmp_path, caplo
         kernel = compile_cpu(expr, cache_dir=tmp_path)
     assert any("eOp form:" in r.getMessage() and "gather" in r.getMessage()
                and "scatter" in r.getMessage() for r in caplog.records)
+    # the trials took the kernel's file name and were unloaded: that name is the kernel's
+    assert sys.modules[f"ollie_kernels.{kernel.path.stem}"].__file__ == str(kernel.path)
     assert not [m for m in sys.modules if m.startswith("ollie_kernels.trial_")]
+    # numba's code of the winning trial was copied beside the kernel and loaded, not compiled
+    functions = [f for f in vars(kernel.module).values() if hasattr(f, "stats")]
+    assert functions and all(sum(f.stats.cache_hits.values()) >= 1
+                             and not sum(f.stats.cache_misses.values()) for f in functions)
     inputs = random_inputs(expr, seed=4)
     np.testing.assert_allclose(kernel(inputs), ollie.interpret(expr, inputs), rtol=1e-5,
                                atol=1e-5)

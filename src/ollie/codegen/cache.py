@@ -88,6 +88,32 @@ def load_path(path: Path) -> ModuleType:
     return _import(path)
 
 
+def adopt_numba_cache(trial: Path, path: Path) -> int:
+    """Copy numba's compiled code of the module ``trial`` beside ``path``, a module of the
+    same file name and text that is yet to be imported, so that importing ``path`` loads
+    it instead of compiling again. Returns the number of files copied.
+
+    numba keeps a module's code in ``__pycache__/<file stem>.<function>-<line>.pyXY.*``
+    beside it, stamped with a hash of the module's text (not its path), so the files are
+    valid for the same text under the same name anywhere. Files already there are kept.
+    """
+    if trial.name != path.name:
+        raise ValueError(f"{trial} and {path} must have the same file name")
+    src, dst = trial.parent / "__pycache__", path.parent / "__pycache__"
+    copied = 0
+    for f in sorted(src.glob(f"{trial.stem}.*")) if src.is_dir() else []:
+        target = dst / f.name
+        if target.exists():
+            continue
+        dst.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=dst)
+        with os.fdopen(fd, "wb") as out:
+            out.write(f.read_bytes())
+        os.replace(tmp, target)
+        copied += 1
+    return copied
+
+
 def unload_path(path: Path) -> None:
     """Forget the module imported by :func:`load_path` from ``path``."""
     name = f"ollie_kernels.{path.stem}"
@@ -96,9 +122,11 @@ def unload_path(path: Path) -> None:
 
 
 def load_module(directory: Path, stem: str, canonical: str, fallback_stem: str,
-                generate: Callable[[], str]) -> tuple[ModuleType, bool]:
+                generate: Callable[[Path], str]) -> tuple[ModuleType, bool]:
     """Import the kernel module ``stem`` from ``directory``, generating it when absent.
 
+    ``generate(path)`` returns the text to write at ``path`` (it may also leave numba's
+    compiled code for that text in ``path``'s ``__pycache__``, :func:`adopt_numba_cache`).
     Returns the module and whether it was already on disk. A module whose ``CANONICAL``
     differs from ``canonical`` is not used; ``fallback_stem`` names the file used instead.
     """
@@ -106,7 +134,7 @@ def load_module(directory: Path, stem: str, canonical: str, fallback_stem: str,
         path = directory / f"{name}.py"
         existed = path.exists()
         if not existed:
-            _write_once(path, generate())
+            _write_once(path, generate(path))
         if f"CANONICAL = {canonical!r}\n" not in path.read_text():
             continue
         mod = _import(path)

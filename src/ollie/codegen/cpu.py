@@ -11,7 +11,8 @@ they are compiled, or loaded from numba's cache, when the module is imported);
 :mod:`~ollie.codegen.cache` stores it on disk by fingerprint and imports it. A single affine
 read summed through a unimodular index map also has a *scatter* form
 (:mod:`~ollie.codegen.scatter`: loop over the input, add into the output);
-:func:`choose_source` times both forms once and the faster one is stored.
+:func:`choose_source` times both forms once and the faster one is stored (with the code numba
+compiled for its trial, so it is not compiled again).
 
 Numerics. Reads are float32; the body is evaluated and summed in the accumulator type: float32
 when the scope sums fewer than :data:`~ollie.codegen.analysis.FLOAT64_TERMS` (4096) terms, or
@@ -41,6 +42,7 @@ import numpy as np
 
 from ollie.codegen.analysis import FLOAT64_TERMS, PARALLEL_MIN_POINTS, NestInfo, analyse
 from ollie.codegen.cache import (
+    adopt_numba_cache,
     decls_key,
     default_cache_dir,
     full_key,
@@ -146,10 +148,15 @@ def _header(expr: Expr, canonical: str | None) -> dict[str, str]:
             "CANONICAL": canonical if canonical is not None else canonical_form(expr)}
 
 
-def choose_source(expr: Expr, canonical: str | None = None) -> str:
+def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = None) -> str:
     """The module text of the faster form: for an expression with a parallel scatter form
     both forms are compiled in a temporary directory and timed alternately on random inputs
-    (median of :data:`CHOICE_ROUNDS` rounds); otherwise the gather form."""
+    (median of :data:`CHOICE_ROUNDS` rounds); otherwise the gather form.
+
+    ``path``: where the caller will store the text. The trial modules then take its file
+    name, and numba's compiled code of the winner is copied beside it
+    (:func:`~ollie.codegen.cache.adopt_numba_cache`), so that importing it compiles nothing
+    again (each choice compiled three modules before: two trials and the winner)."""
     gather = generate_source(expr, canonical)
     sf = scatter_form(expr, FLOAT64_TERMS)
     if sf is None:
@@ -163,18 +170,25 @@ def choose_source(expr: Expr, canonical: str | None = None) -> str:
     rng = np.random.default_rng(0)
     flat = [rng.standard_normal(prod(shape), dtype=np.float32) for _, shape in expr.decls]
     out = np.empty(prod(expr.shape), np.float32)
+    file_name = path.name if path is not None else f"trial_{fingerprint(expr)}.py"
     with tempfile.TemporaryDirectory(prefix="ollie-choice-") as tmp:
-        fns = {}
+        fns, trials = {}, {}
         for name, text in sources.items():
-            path = Path(tmp) / f"trial_{name}_{fingerprint(expr)}.py"
-            path.write_text(text)
-            module = load_path(path)
+            trial = trials[name] = Path(tmp) / name / file_name
+            trial.parent.mkdir()
+            trial.write_text(text)
+            module = load_path(trial)
             fns[name] = (lambda m=module: m.run(*flat, out))
         with _RUN_LOCK:
             times = measure_alternating(fns, "cpu", rounds=CHOICE_ROUNDS, min_sample=5e-3)
-        for name in sources:  # the trial modules are not kept
-            unload_path(Path(tmp) / f"trial_{name}_{fingerprint(expr)}.py")
-    best = min(times, key=times.get)
+        for trial in trials.values():  # the trial modules are not kept
+            unload_path(trial)
+        best = min(times, key=times.get)
+        if path is not None:
+            try:
+                adopt_numba_cache(trials[best], path)
+            except OSError as exc:  # the import then compiles, as without a trial
+                log.debug("numba cache of %s not copied: %s", trials[best], exc)
     log.debug("eOp form: %s (%s)", best,
               ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()))
     return sources[best]
@@ -219,12 +233,12 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
     fallback = f"ollie_{full_key(canonical)}_{dk}"
     try:
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda: choose_source(expr, canonical))
+                                      lambda path: choose_source(expr, canonical, path))
     except OSError as exc:  # unwritable cache directory: use a private temporary one
         directory = Path(tempfile.gettempdir()) / f"ollie-kernels-{os.getuid()}"
         log.warning("kernel cache %s unusable (%s); using %s", key[1], exc, directory)
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda: choose_source(expr, canonical))
+                                      lambda path: choose_source(expr, canonical, path))
     seconds = time.perf_counter() - start
     kernel = CpuKernel(expr, module, Path(module.__file__), existed, seconds)
     log.debug("compiled eOp %s in %.2fs (%s)", stem, seconds,

@@ -314,7 +314,7 @@ def _module(kind: str, m: int, r: int, cb: int, source):
         _configure_numba()
         stem = f"ollie_winograd_v{KERNEL_VERSION}_{kind}_F{m}x{r}_c{cb}"
         mod, _ = load_module(default_cache_dir(), stem, canonical, f"{stem}_b",
-                             lambda: source(m, r, cb, canonical))
+                             lambda _path: source(m, r, cb, canonical))
         _MODULES[canonical] = mod
     return mod
 
