@@ -8,9 +8,10 @@ The module stores the expression's canonical form; a file whose canonical form d
 collision) is never used for another expression: the kernel then goes to a file named by the
 digest of the full canonical form.
 
-Files are written atomically and never rewritten: numba's ``cache=True`` keys its on-disk machine
-code (``__pycache__`` beside the module) on the file's modification time, so a second process
-importing the same module loads compiled code instead of compiling.
+Files are written atomically and never rewritten: numba's ``cache=True`` keeps its machine code
+in ``__pycache__`` beside the module, stamped with the file's text (a SHA-256 of it in numba
+0.68; older versions used the modification time), so a second process importing the same
+module loads compiled code instead of compiling.
 
 The cache directory is ``$OLLIE_CACHE_DIR/kernels`` when that variable is set, else
 ``~/.cache/ollie/kernels``; callers may pass one explicitly.
