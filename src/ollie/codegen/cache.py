@@ -50,18 +50,20 @@ def full_key(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:40]
 
 
-def _write_once(path: Path, source: str) -> None:
+def _write_once(path: Path, data: str | bytes) -> bool:
+    """Write ``data`` to ``path`` atomically unless the file exists; whether it was written."""
     if path.exists():
-        return
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".py", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=path.suffix, dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         if path.exists():  # another process won the race: keep its file (and numba cache)
-            return
+            return False
         os.replace(tmp, path)
         tmp = ""
+        return True
     finally:
         if tmp:
             os.unlink(tmp)
@@ -101,18 +103,8 @@ def adopt_numba_cache(trial: Path, path: Path) -> int:
     if trial.name != path.name:
         raise ValueError(f"{trial} and {path} must have the same file name")
     src, dst = trial.parent / "__pycache__", path.parent / "__pycache__"
-    copied = 0
-    for f in sorted(src.glob(f"{trial.stem}.*")) if src.is_dir() else []:
-        target = dst / f.name
-        if target.exists():
-            continue
-        dst.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=dst)
-        with os.fdopen(fd, "wb") as out:
-            out.write(f.read_bytes())
-        os.replace(tmp, target)
-        copied += 1
-    return copied
+    files = sorted(src.glob(f"{trial.stem}.*")) if src.is_dir() else []
+    return sum(_write_once(dst / f.name, f.read_bytes()) for f in files)
 
 
 def unload_path(path: Path) -> None:
