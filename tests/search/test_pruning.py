@@ -34,11 +34,13 @@ print(json.dumps({"took": time.perf_counter() - t0, **res.stats}))
 
 def test_time_budget_is_honoured():
     """With a 30 s budget this search runs ~24 s on the 2-core VM; here it gets 3 s. The budget
-    is checked between steps (one state's visit, one verification), so the search may end up
-    to one step late: the stats say how long the longest step took, and steps must be well
-    under the budget. The search runs in a fresh process, as ``ollie derive`` does: inside this
-    test process, earlier tests leave millions of objects whose garbage-collection pauses
-    (up to ~2 s here) land in whichever step triggers them, which is not what this tests."""
+    is checked between steps (one derived expression, one guided expression's instantiation,
+    one verification), so the search may end up to one step late: the stats say the longest
+    time between two checks (~0.03 s here; a whole state's visit, which it once measured, takes
+    up to ~1.5 s), and steps must be well under the budget. The search runs in a fresh process,
+    as ``ollie derive`` does: inside this test process, earlier tests leave millions of objects
+    whose garbage-collection pauses (up to ~2 s here) land in whichever step triggers them,
+    which is not what this tests."""
     import json
     import subprocess
     import sys

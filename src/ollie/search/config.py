@@ -17,10 +17,10 @@ class SearchConfig:
 
     ``max_depth``: explorative derivation steps (guided steps do not count);
     ``time_budget``: seconds, the last fifth kept for verifying candidates. It is checked
-    between steps (one state's visit, one candidate's verification), so a search ends at
-    most about one step late (``stats["longest_step_seconds"]``); a search that found
-    programs always verifies at least one that fits ``max_tensor_bytes``, even past its
-    budget;
+    between steps (one derived expression, one guided expression's instantiation, one
+    candidate's verification), so a search ends at most about one step late
+    (``stats["longest_step_seconds"]``); a search that found programs always verifies at
+    least one that fits ``max_tensor_bytes``, even past its budget;
     ``max_states``: expanded states; ``fingerprint_pruning`` / ``guided``: ablation switches;
     ``normalize``: after each explorative step, inline scopes that only re-index another
     scope and tighten nested ranges (exact rewrites that never make a program worse; they

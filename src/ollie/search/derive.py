@@ -91,22 +91,29 @@ class _Search:
         self.cut_short = False  # a state's children were left partly underived
         self.search_seconds = 0.0
         self.first_found: dict[str, dict] = {}  # library kind -> when first found
-        # the longest single step (one state's visit, or one verification): the budget is
-        # checked between steps, so a search may end at most about this much past it
+        # the longest step between two checks of the budget (one derived expression, one
+        # guided expression's instantiation, one verification): a search may end at most
+        # about this much past its budget
         self.longest_step = 0.0
+        self.last_check = self.start
+
+    def out_of_time(self) -> bool:
+        """Whether the exploration's share of the budget is spent (and the step since the
+        last check, for ``longest_step``)."""
+        now = time.perf_counter()
+        self.longest_step = max(self.longest_step, now - self.last_check)
+        self.last_check = now
+        return now >= self.search_deadline
 
     def out_of_budget(self) -> bool:
-        return self.stop or time.perf_counter() >= self.search_deadline or \
-            self.visited >= self.config.max_states
+        return self.out_of_time() or self.stop or self.visited >= self.config.max_states
 
     def run(self) -> DeriveResult:
         queue: deque[_State] = deque([_State(self.expr, 0, (), 0)])
         self.seen.add(self.expr)
         while queue and not self.out_of_budget():
             state = queue.popleft()
-            t0 = time.perf_counter()
             self.expand(state, queue)
-            self.longest_step = max(self.longest_step, time.perf_counter() - t0)
             if self.progress and self.visited % 16 == 0:
                 self.progress(self.stats())
         self.completed = not queue and not self.cut_short
@@ -159,7 +166,7 @@ class _Search:
     def instantiate(self, state: _State) -> None:
         if self.config.guided:
             found = guided_derive(state.expr, self.inst, self.config.guided_depth,
-                                  self.guided_seen, self.search_deadline)
+                                  self.guided_seen, self.out_of_time)
         else:
             found = [(opt, ()) for opt in self.inst.complete(state.expr)]
         for opt, gsteps in found:

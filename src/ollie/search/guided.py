@@ -23,9 +23,7 @@ steps do not count toward the explorative depth.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from math import gcd
 
@@ -276,17 +274,19 @@ def _contraction(info) -> bool:
 
 
 def guided_derive(expr: Expr, inst: Instantiator, depth: int, seen: FingerprintSet,
-                  deadline: float = math.inf) -> list[tuple[Option, tuple[Step, ...]]]:
+                  out_of_time: Callable[[], bool] = lambda: False,
+                  ) -> list[tuple[Option, tuple[Step, ...]]]:
     """Instantiate ``expr`` and the expressions guided proposals lead to, breadth-first up to
     ``depth`` guided steps (so each is reached by its shortest guided derivation). ``seen``
     is shared across calls: a guided state reached from another explorative state is not
-    derived again. Stops early at ``deadline`` (a ``time.perf_counter()`` value)."""
+    derived again. Stops early once ``out_of_time()`` says so (asked before each expression's
+    instantiation)."""
     found: list[tuple[Option, tuple[Step, ...]]] = []
     level: list[tuple[Expr, tuple[Step, ...]]] = [(expr, ())]
     for d in range(depth + 1):
         nxt: list[tuple[Expr, tuple[Step, ...]]] = []
         for e, steps in level:
-            if time.perf_counter() >= deadline:
+            if out_of_time():
                 return found
             found += [(opt, steps) for opt in inst.complete(e)]
             if d == depth:
