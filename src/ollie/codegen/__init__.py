@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ollie.codegen.kernel import CompiledKernel
 from ollie.codegen.reference import compile_reference
 from ollie.errors import UnsupportedError
@@ -19,8 +21,12 @@ from ollie.ir import Expr, parse
 BACKENDS = ("cpu", "reference", "cuda")
 
 
-def compile_eop(expr: Expr | str, backend: str = "cpu") -> CompiledKernel:
-    """Compile ``expr`` with ``backend`` (one of :data:`BACKENDS`)."""
+def compile_eop(expr: Expr | str, backend: str = "cpu",
+                cuda_configs: Sequence[tuple[int, int]] | None = None) -> CompiledKernel:
+    """Compile ``expr`` with ``backend`` (one of :data:`BACKENDS`); ``cuda_configs``: on
+    ``"cuda"``, each generated kernel's fixed ``(BLOCK, num_warps)`` instead of autotuning
+    (ignored by Triton's interpreter and the other backends, which have no launch
+    configuration)."""
     if isinstance(expr, str):
         expr = parse(expr)
     if backend == "cpu":
@@ -34,6 +40,10 @@ def compile_eop(expr: Expr | str, backend: str = "cpu") -> CompiledKernel:
             from ollie.codegen.cuda import compile_cuda
         except ImportError as exc:
             raise UnsupportedError(f"the cuda eOp backend is unavailable: {exc}") from exc
+        from ollie.codegen.cuda import interpret_mode
+
+        if cuda_configs is not None and not interpret_mode():
+            return compile_cuda(expr, configs=[tuple(c) for c in cuda_configs])
         return compile_cuda(expr)
     raise UnsupportedError(f"unknown eOp backend {backend!r}; expected one of {BACKENDS}")
 

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,10 @@ log = logging.getLogger(__name__)
 INTERPRET_BLOCK_MAX = 1024
 """Largest ``BLOCK`` used in interpreter mode (next power of two of the output size below)."""
 
-_CACHE: dict[tuple[Expr, bool, str, tuple[int, int] | None], CompiledKernel] = {}
+Config = tuple[int, int]
+"""A kernel's launch configuration ``(BLOCK, num_warps)``."""
+
+_CACHE: dict[tuple[Expr, bool, str, object], CompiledKernel] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -95,7 +98,8 @@ class CompiledKernel:
     interpret: bool
     functions: tuple[Any, ...]
     temp_shapes: Mapping[str, tuple[int, ...]]
-    config: tuple[int, int] | None = None
+    configs: tuple[Config, ...] | None = None
+    """Each stage's fixed launch configuration; None: autotuned on a GPU (or interpreted)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -140,25 +144,42 @@ class CompiledKernel:
               or out.device != device or not out.is_contiguous()):
             raise ShapeError(f"'out' must be a contiguous float32 tensor {list(self.shape)} on "
                              f"{device}, got {out.dtype} {list(out.shape)} on {out.device}")
-        for stage, fn in zip(self.stages, self.functions, strict=True):
+        for i, (stage, fn) in enumerate(zip(self.stages, self.functions, strict=True)):
             if stage.output == OUT:
                 dst = out
             else:
                 dst = torch.empty(self.temp_shapes[stage.output], dtype=torch.float32,
                                   device=device)
                 bufs[stage.output] = dst
-            self._launch(fn, stage, dst, [bufs[a] for a in stage.args])
+            self._launch(i, fn, stage, dst, [bufs[a] for a in stage.args])
         return out
 
-    def _launch(self, fn: Any, stage: Stage, dst: Any, args: list[Any]) -> None:
+    def tuned_configs(self) -> tuple[Config, ...] | None:
+        """Each stage's launch configuration: the fixed ones, or on a GPU those the autotuner
+        chose on the calls so far (None while some stage has not run yet, and in
+        interpreter mode). Passed back as ``compile_cuda(..., configs=...)`` they launch the
+        same code again without autotuning."""
+        if self.configs is not None:
+            return self.configs
+        if self.interpret:
+            return None
+        out = []
+        for fn in self.functions:
+            best = getattr(fn, "best_config", None)
+            if best is None or "BLOCK" not in best.kwargs:
+                return None
+            out.append((int(best.kwargs["BLOCK"]), int(best.num_warps)))
+        return tuple(out)
+
+    def _launch(self, i: int, fn: Any, stage: Stage, dst: Any, args: list[Any]) -> None:
         n = stage.numel
         if n == 0:
             return
         if self.interpret:
             block = min(INTERPRET_BLOCK_MAX, 1 << max(n - 1, 0).bit_length())
             fn[(math.ceil(n / block),)](dst, *args, n, BLOCK=block)
-        elif self.config is not None:
-            block, warps = self.config
+        elif self.configs is not None:
+            block, warps = self.configs[i]
             fn[(math.ceil(n / block),)](dst, *args, n, BLOCK=block, num_warps=warps)
         else:
             fn[lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)](dst, *args, n)
@@ -166,31 +187,40 @@ class CompiledKernel:
 
 def compile_cuda(expr: Expr | str, *, interpret: bool | None = None,
                  cache_dir: str | os.PathLike | None = None,
-                 config: tuple[int, int] | None = None) -> CompiledKernel:
+                 config: Config | None = None,
+                 configs: Sequence[Config] | None = None) -> CompiledKernel:
     """Generate, cache and load the Triton kernels of ``expr`` (an :class:`Expr` or its text).
 
     ``interpret`` (default: from ``TRITON_INTERPRET``) selects Triton's CPU interpreter: one
     fixed ``BLOCK``, no autotuning. ``config`` ``(BLOCK, num_warps)`` fixes every kernel's
     launch on the GPU instead of autotuning over
     :data:`~ollie.codegen.cuda_plan.AUTOTUNE_CONFIGS` (``BLOCK`` a power of two; the tests
-    check each configuration, since the compiler has miscompiled a kernel under one of them).
-    Compiled kernels are kept in-process per expression, mode and config. Raises
-    :class:`~ollie.errors.UnsupportedError` when triton is not installed.
+    check each configuration, since the compiler has miscompiled a kernel under one of them);
+    ``configs``, one such pair per stage, fixes each stage's (as
+    :meth:`CompiledKernel.tuned_configs` reports them: a saved program keeps the
+    configurations it was checked with). Compiled kernels are kept in-process per
+    expression, mode and configurations. Raises :class:`~ollie.errors.UnsupportedError` when
+    triton is not installed, ValueError for a configuration it cannot launch.
     """
     expr = _as_expr(expr)
     interp = interpret_mode() if interpret is None else bool(interpret)
-    if config is not None:
-        block, warps = config
-        if interp or block < 1 or block & (block - 1) or warps < 1:
-            raise ValueError(f"config must be (BLOCK, num_warps) with BLOCK a power of two, "
-                             f"for compiled GPU kernels; got {config} (interpret={interp})")
-        config = (int(block), int(warps))
+    if config is not None and configs is not None:
+        raise ValueError("give config (every stage) or configs (one per stage), not both")
+    fixed = None
+    if config is not None or configs is not None:
+        fixed = tuple(_valid_config(c, interp) for c in
+                      ((config,) if config is not None else configs))  # type: ignore[union-attr]
     directory = Path(cache_dir) if cache_dir is not None else kernel_cache_dir()
-    key = (expr, interp, str(directory), config)
+    key = (expr, interp, str(directory), (config is not None, fixed))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    plan = _plan(expr, autotune=not interp and config is None)
+    plan = _plan(expr, autotune=not interp and fixed is None)
+    if config is not None:
+        fixed = fixed * len(plan.stages)  # type: ignore[operator]
+    elif fixed is not None and len(fixed) != len(plan.stages):
+        raise ValueError(f"configs has {len(fixed)} (BLOCK, num_warps) pair(s); this "
+                         f"expression compiles to {len(plan.stages)} kernel(s)")
     source = _module_source(expr, plan)
     path = _write_source(expr, source, directory)
     module = _load(path, interp)
@@ -198,10 +228,23 @@ def compile_cuda(expr: Expr | str, *, interpret: bool | None = None,
         expr=expr, source=source, path=path, stages=tuple(plan.stages), interpret=interp,
         functions=tuple(getattr(module, st.name) for st in plan.stages),
         temp_shapes={k: v for k, v in plan.shapes.items() if k.startswith("%t")},
-        config=config,
+        configs=fixed,
     )
     _CACHE[key] = kernel
     return kernel
+
+
+def _valid_config(config: Sequence[int], interp: bool) -> Config:
+    """``config`` as ``(BLOCK, num_warps)`` ints; ValueError unless it can be launched."""
+    try:
+        block, warps = (int(v) for v in config)
+    except (TypeError, ValueError):
+        raise ValueError(f"a configuration is a pair (BLOCK, num_warps), got {config!r}") \
+            from None
+    if interp or block < 1 or block & (block - 1) or warps < 1:
+        raise ValueError(f"config must be (BLOCK, num_warps) with BLOCK a power of two, "
+                         f"for compiled GPU kernels; got {tuple(config)} (interpret={interp})")
+    return block, warps
 
 
 def clear_cache() -> None:

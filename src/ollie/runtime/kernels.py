@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -131,6 +133,33 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
     return run
 
 
+CUDA_CONFIGS = "cuda_configs"
+"""An eOp kernel's parameter: each of its generated CUDA kernels' ``(BLOCK, num_warps)``,
+recorded once the program was checked on a GPU (:func:`pin_cuda_configs`), so that the
+program, saved and loaded elsewhere, runs the code it was checked with: Triton 3.6
+miscompiled one kernel under one of the configurations the autotuner may pick, and the
+autotuner picks by speed, so it may pick another one on another run."""
+
+
+def pin_cuda_configs(kernels: Sequence[Kernel]) -> list[Kernel]:
+    """``kernels`` with every eOp that ran on the GPU in this process given the launch
+    configurations the autotuner chose for it (:data:`CUDA_CONFIGS`); the others as they
+    are."""
+    from ollie.codegen import compile_eop
+
+    out = []
+    for k in kernels:
+        if k.kind == "eOp" and k.expr is not None and CUDA_CONFIGS not in k.params:
+            # on the GPU a fused activation runs in torch after the generated code for its
+            # argument (_eop_fn)
+            fn = compile_eop(k.without_activation().expr, backend="cuda")  # type: ignore[arg-type]
+            tuned = getattr(fn, "tuned_configs", lambda: None)()
+            if tuned is not None:
+                k = replace(k, params={**k.params, CUDA_CONFIGS: [list(c) for c in tuned]})
+        out.append(k)
+    return out
+
+
 GENERATED_ACTIVATIONS = ("tanh",)
 """Activation parameters of an eOperator that its generated CPU code computes itself
 (:data:`ollie.codegen.body.TANH_PADE`: vectorised): DCGAN b16's last eOperator (a selective
@@ -152,7 +181,9 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     from ollie.codegen import compile_eop
     from ollie.codegen.layout import dense_permutation, permute_inputs
 
-    fn = compile_eop(k.expr, backend=backend)
+    pinned = k.params.get(CUDA_CONFIGS) if backend == "cuda" else None
+    extra = {} if pinned is None else {"cuda_configs": pinned}
+    fn = compile_eop(k.expr, backend=backend, **extra)  # type: ignore[arg-type]
     names = k.inputs
     run_flat = getattr(fn, "run_flat", None)
     if run_flat is not None:
@@ -187,10 +218,16 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
 
         return run_cpu
 
+    declared = k.expr.inputs  # type: ignore[union-attr]
+
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         ins = {n: env[n] for n in names}
         if backend == "cuda":
-            return fn(ins, out)
+            # a tensor read as a reshape of itself (a 0-d constant declared [1]), row-major as
+            # the CPU code reads every tensor flat; the kernel checks the shapes it is given
+            return fn({n: t if n not in declared or tuple(t.shape) == declared[n]
+                       or t.numel() != math.prod(declared[n]) else t.reshape(declared[n])
+                       for n, t in ins.items()}, out)
         arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
         res = fn(arrays, None if out is None else out.numpy())
         return out if out is not None else torch.from_numpy(res)
