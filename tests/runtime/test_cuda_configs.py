@@ -11,6 +11,7 @@ from torch import nn
 
 import ollie
 from ollie.codegen import compile_eop
+from ollie.optimizer.report import unpinned_kernels
 from ollie.optimizer.select import candidate_program
 from ollie.program.program import Program
 from ollie.runtime.kernels import CUDA_CONFIGS, pin_cuda_configs
@@ -104,6 +105,8 @@ def test_pinned_configs_are_recorded_and_survive_save_and_load(tmp_path):
         picks[k.output] = [(128, 4)] * len(compiled.stages)
         _mark_tuned(compiled, picks[k.output])
     pinned = pin_cuda_configs(prog.kernels)
+    assert unpinned_kernels(prog) == [k.output for k in eops]
+    assert unpinned_kernels(Program(prog.inputs, prog.outputs, pinned, prog.constants)) == []
     for k in pinned:
         if k.kind == "eOp":
             assert k.params[CUDA_CONFIGS] == [list(c) for c in picks[k.output]]
@@ -146,6 +149,22 @@ def test_optimized_program_runs_through_the_cuda_backend_in_the_interpreter(monk
     got = CompiledProgram(opt.program, "cpu", backend="cuda").run({"x": x})
     with torch.no_grad():
         torch.testing.assert_close(got[opt.program.outputs[0]], m(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_cpu_program_loaded_on_a_gpu_says_its_kernels_were_not_checked_there(tmp_path):
+    torch.manual_seed(0)
+    m = _Generator().eval()
+    x = torch.randn(2, 16, 6, 6)
+    opt = ollie.optimize(m, (x,), time_budget=4.0, max_candidates=4, use_cache=False,
+                         settle=0.0, choose_libraries=False, context=False)
+    assert unpinned_kernels(opt.program)
+    opt.save(tmp_path / "p")
+    on_gpu = ollie.load(tmp_path / "p", device="cuda")
+    assert any("no launch configuration checked on a GPU" in n for n in on_gpu.notes)
+    assert not any("launch configuration" in n for n in ollie.load(tmp_path / "p").notes)
+    with torch.no_grad():
+        torch.testing.assert_close(on_gpu(x.cuda()).cpu(), m(x), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -5,6 +5,7 @@ switched on in the whole program (:class:`Alternative`, :func:`switched_on`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,6 +16,9 @@ from ollie.optimizer.final import ORIGINAL
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
+from ollie.runtime.kernels import CUDA_CONFIGS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,7 +95,22 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
         doc = json.loads(rp.read_text())
         report = [SubprogramReport(**r) for r in doc.get("report", [])]
         notes = doc.get("notes", [])
+    unpinned = unpinned_kernels(prog)
+    if torch.device(device).type == "cuda" and unpinned:
+        # optimised on the CPU, or saved before launch configurations were kept
+        note = (f"{len(unpinned)} generated kernel(s) ({', '.join(unpinned[:3])}"
+                f"{', ...' if len(unpinned) > 3 else ''}) have no launch configuration "
+                "checked on a GPU: they are autotuned here, and this program was not checked "
+                "with what the autotuner picks")
+        log.warning("%s: %s", path, note)
+        notes = [*notes, note]
     return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+
+
+def unpinned_kernels(prog: Program) -> list[str]:
+    """The outputs of ``prog``'s eOperators without launch configurations checked on a GPU
+    (:data:`~ollie.runtime.kernels.CUDA_CONFIGS`): on a GPU they are autotuned when loaded."""
+    return [k.output for k in prog.kernels if k.kind == "eOp" and CUDA_CONFIGS not in k.params]
 
 
 @dataclass
@@ -137,4 +156,4 @@ def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, Alter
 
 
 __all__ = ["Alternative", "OptimizedModel", "SubprogramReport", "kept_originals", "load",
-           "switched_on"]
+           "switched_on", "unpinned_kernels"]
