@@ -217,3 +217,30 @@ def test_a_fused_activation_pins_the_code_for_its_argument():
     (pinned,) = pin_cuda_configs([k])
     assert pinned.params[CUDA_CONFIGS] == [[128, 2]] * len(inner.stages)
     assert pinned.without_activation().params[CUDA_CONFIGS] == pinned.params[CUDA_CONFIGS]
+
+
+def test_a_failure_to_fix_the_configurations_keeps_the_checked_program(monkeypatch):
+    """Fixing the launch configurations builds the kernels again: if that fails (Triton's
+    compile errors have many types), the program that was checked is kept, autotuned as
+    before, and OllieErrors still reach the end-to-end check."""
+    import importlib
+
+    final = importlib.import_module("ollie.optimizer.final")
+    from ollie.errors import OllieError
+
+    prog = _program()
+
+    def broken(_kernels):
+        raise RuntimeError("triton: compilation failed")
+
+    monkeypatch.setattr(final, "pin_cuda_configs", broken)
+    assert final._pinned(prog, 1e-6, {}, {}, None, None) == (prog, 1e-6)
+
+    def refused(_kernels):
+        raise OllieError("no such kernel")
+
+    monkeypatch.setattr(final, "pin_cuda_configs", refused)
+    with pytest.raises(OllieError):
+        final._pinned(prog, 1e-6, {}, {}, None, None)
+    monkeypatch.setattr(final, "pin_cuda_configs", list)  # nothing ran on a GPU
+    assert final._pinned(prog, 1e-6, {}, {}, None, None) == (prog, 1e-6)
