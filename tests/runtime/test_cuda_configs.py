@@ -4,7 +4,6 @@ loaded program runs the code that was checked instead of autotuning again."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -12,7 +11,6 @@ from torch import nn
 import ollie
 from ollie.codegen import compile_eop
 from ollie.optimizer.report import unpinned_kernels
-from ollie.optimizer.select import candidate_program
 from ollie.program.program import Program
 from ollie.runtime.kernels import CUDA_CONFIGS, pin_cuda_configs
 
@@ -23,13 +21,6 @@ TWO_STAGES = """
 A: [6, 5]
 L<i=0:6, j=0:5> Sum<k=-1:6> { L<a=0:6, b=-1:5> Sum<c=0:2> A[a, b + c] }[i, k] * A[i, j]
 """
-
-CONV = """
-A: [2, 8, 6, 6]
-K: [4, 8, 3, 3]
-L<n=0:2, f=0:4, h=0:6, w=0:6> Sum<c=0:8, r=0:3, s=0:3> A[n, c, h + r - 1, w + s - 1] * K[f, c, r, s]
-"""
-
 
 @pytest.fixture(autouse=True)
 def _compiled_mode(monkeypatch):
@@ -87,16 +78,8 @@ def test_tuned_configs_are_read_from_the_autotuner():
                              configs=k.tuned_configs()).configs == ((256, 4), (1024, 8))
 
 
-def _program() -> Program:
-    expr = ollie.parse(CONV)
-    res = ollie.derive(expr, max_depth=2, time_budget=30)
-    cand = next(c for c in res.candidates if {"Matmul", "eOp"} <= {k.kind for k in c.kernels})
-    weight = np.random.default_rng(0).standard_normal((4, 8, 3, 3)).astype(np.float32)
-    return candidate_program(cand, ollie.parse(CONV), {"K": weight})
-
-
-def test_pinned_configs_are_recorded_and_survive_save_and_load(tmp_path):
-    prog = _program()
+def test_pinned_configs_are_recorded_and_survive_save_and_load(tmp_path, matmul_program):
+    _, prog, _ = matmul_program
     eops = [k for k in prog.kernels if k.kind == "eOp"]
     assert pin_cuda_configs(prog.kernels) == prog.kernels  # nothing ran on a GPU: unchanged
     picks = {}
@@ -168,10 +151,10 @@ def test_a_cpu_program_loaded_on_a_gpu_says_its_kernels_were_not_checked_there(t
 
 
 @pytest.mark.gpu
-def test_checked_program_pins_what_ran_and_runs_it_again_after_load(tmp_path):
+def test_checked_program_pins_what_ran_and_runs_it_again_after_load(tmp_path, matmul_program):
     from ollie.runtime.executor import CompiledProgram
 
-    prog = _program()
+    _, prog, _ = matmul_program
     a = torch.randn(2, 8, 6, 6, device="cuda")
     first = CompiledProgram(prog, "cuda", cuda_graphs=False).run({"A": a})  # autotunes
     pinned = Program(prog.inputs, prog.outputs, pin_cuda_configs(prog.kernels), prog.constants)
@@ -219,7 +202,7 @@ def test_a_fused_activation_pins_the_code_for_its_argument():
     assert pinned.without_activation().params[CUDA_CONFIGS] == pinned.params[CUDA_CONFIGS]
 
 
-def test_a_failure_to_fix_the_configurations_keeps_the_checked_program(monkeypatch):
+def test_a_failure_to_fix_the_configurations_keeps_the_checked_program(monkeypatch, matmul_program):
     """Fixing the launch configurations builds the kernels again: if that fails (Triton's
     compile errors have many types), the program that was checked is kept, autotuned as
     before, and OllieErrors still reach the end-to-end check."""
@@ -228,7 +211,7 @@ def test_a_failure_to_fix_the_configurations_keeps_the_checked_program(monkeypat
     final = importlib.import_module("ollie.optimizer.final")
     from ollie.errors import OllieError
 
-    prog = _program()
+    _, prog, _ = matmul_program
 
     def broken(_kernels):
         raise RuntimeError("triton: compilation failed")

@@ -8,15 +8,8 @@ import pytest
 import torch
 
 import ollie
-from ollie.optimizer.select import candidate_program
 from ollie.runtime import cuda_graph
 from ollie.runtime.executor import CompiledProgram
-
-CONV = """
-A: [2, 8, 6, 6]
-K: [4, 8, 3, 3]
-L<n=0:2, f=0:4, h=0:6, w=0:6> Sum<c=0:8, r=0:3, s=0:3> A[n, c, h + r - 1, w + s - 1] * K[f, c, r, s]
-"""
 
 
 def test_enabled_follows_the_environment(monkeypatch):
@@ -29,24 +22,14 @@ def test_enabled_follows_the_environment(monkeypatch):
     assert cuda_graph.enabled()
 
 
-def _matmul_program():
-    expr = ollie.parse(CONV)
-    res = ollie.derive(expr, max_depth=2, time_budget=30)
-    cand = next(c for c in res.candidates
-                if {"Matmul", "eOp"} <= {k.kind for k in c.kernels})
-    rng = np.random.default_rng(0)
-    weight = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
-    return expr, candidate_program(cand, expr, {"K": weight}), weight
-
-
-def test_cpu_programs_never_capture():
-    _, prog, _ = _matmul_program()
+def test_cpu_programs_never_capture(matmul_program):
+    _, prog, _ = matmul_program
     assert not CompiledProgram(prog, "cpu", cuda_graphs=True).cuda_graphs
 
 
 @pytest.mark.gpu
-def test_program_replayed_as_graph_matches_and_keeps_results():
-    expr, prog, weight = _matmul_program()
+def test_program_replayed_as_graph_matches_and_keeps_results(matmul_program):
+    expr, prog, weight = matmul_program
     graphed = CompiledProgram(prog, "cuda", cuda_graphs=True)
     plain = CompiledProgram(prog, "cuda", cuda_graphs=False)
     out = prog.outputs[0]
