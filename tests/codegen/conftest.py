@@ -1,5 +1,5 @@
-"""Shared fixture of the code generator tests: generated kernels go to a fresh directory per
-test module, not the user's cache."""
+"""Shared fixtures of the code generator tests: generated kernels go to a fresh directory per
+test module, not the user's cache; a record of the kernels compiled."""
 
 from __future__ import annotations
 
@@ -18,3 +18,20 @@ def _cache_dir(tmp_path_factory):
         del os.environ["OLLIE_CACHE_DIR"]
     else:
         os.environ["OLLIE_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def compiled_eops(monkeypatch):
+    """The expressions ``ollie.codegen.compile_eop`` is called with during the test, in order
+    (it still compiles them)."""
+    import ollie.codegen
+
+    compiled = []
+    real = ollie.codegen.compile_eop
+
+    def spy(expr, backend="cpu"):
+        compiled.append(expr)
+        return real(expr, backend)
+
+    monkeypatch.setattr(ollie.codegen, "compile_eop", spy)
+    return compiled

@@ -56,19 +56,10 @@ def test_permuted_declarations_compute_the_same_tensor(expr, rnd):
                                   ollie.interpret(expr, inputs))
 
 
-def test_executor_reads_a_channels_last_input_in_place(monkeypatch):
+def test_executor_reads_a_channels_last_input_in_place(compiled_eops):
     """A channels-last tensor (a oneDNN conv output) reaches the generated code as it lies in
     memory: a kernel for the permuted declaration is compiled, no row-major copy is made."""
-    import ollie.codegen
-
-    compiled_exprs = []
-    real = ollie.codegen.compile_eop
-
-    def spy(expr, backend="cpu"):
-        compiled_exprs.append(expr)
-        return real(expr, backend)
-
-    monkeypatch.setattr(ollie.codegen, "compile_eop", spy)
+    compiled_exprs = compiled_eops
     expr = ollie.parse("""
         T: [2, 8, 5, 3]
         L<n=0:2, c=0:8, h=0:5, w=0:3> Sum<r=0:2> T[n, c, h + r - 1, w] * T[n, c, 4 - h, w]

@@ -148,6 +148,19 @@ def _header(expr: Expr, canonical: str | None) -> dict[str, str]:
             "CANONICAL": canonical if canonical is not None else canonical_form(expr)}
 
 
+def source_forms(expr: Expr, canonical: str | None = None) -> dict[str, str]:
+    """The module texts :func:`choose_source` chooses from: ``{"gather": ...}``, and
+    ``"scatter"`` where the expression has a parallel scatter form."""
+    gather = generate_source(expr, canonical)
+    sf = scatter_form(expr, FLOAT64_TERMS)
+    if sf is None:
+        flat = flattened(expr)
+        sf = scatter_form(flat, FLOAT64_TERMS) if flat is not None else None
+    if sf is None or not sf.parallel_levels():
+        return {"gather": gather}
+    return {"gather": gather, "scatter": emit_scatter_module(sf, _header(expr, canonical))}
+
+
 def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = None) -> str:
     """The module text of the faster form: for an expression with a parallel scatter form
     both forms are compiled in a temporary directory and timed alternately on random inputs
@@ -156,27 +169,40 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
     ``path``: where the caller will store the text. The trial modules then take its file
     name, and numba's compiled code of the winner is copied beside it
     (:func:`~ollie.codegen.cache.adopt_numba_cache`), so that importing it compiles nothing
-    again (each choice compiled three modules before: two trials and the winner)."""
-    gather = generate_source(expr, canonical)
-    sf = scatter_form(expr, FLOAT64_TERMS)
-    if sf is None:
-        flat = flattened(expr)
-        sf = scatter_form(flat, FLOAT64_TERMS) if flat is not None else None
-    if sf is None or not sf.parallel_levels():
-        return gather
+    again (each choice compiled three modules before: two trials and the winner). A form
+    compiled ahead by :func:`ollie.codegen.precompile.precompile` (the same text, staged
+    under ``path``'s directory) is used as it is: loading it compiles nothing."""
+    from ollie.codegen.precompile import staged, unstage
+
+    sources = source_forms(expr, canonical)
+    if len(sources) == 1:
+        ready = staged(path, "gather", sources["gather"]) if path is not None else None
+        if ready is not None and path is not None:
+            if _loads(ready):
+                unload_path(ready)
+                _adopt(ready, path)
+            unstage(ready)
+        return sources["gather"]
     from ollie.tune.measure import measure_alternating
 
-    sources = {"gather": gather, "scatter": emit_scatter_module(sf, _header(expr, canonical))}
     rng = np.random.default_rng(0)
     flat = [rng.standard_normal(prod(shape), dtype=np.float32) for _, shape in expr.decls]
     out = np.empty(prod(expr.shape), np.float32)
     file_name = path.name if path is not None else f"trial_{fingerprint(expr)}.py"
     with tempfile.TemporaryDirectory(prefix="ollie-choice-") as tmp:
-        fns, trials = {}, {}
+        fns, trials, ready = {}, {}, []
         for name, text in sources.items():
-            trial = trials[name] = Path(tmp) / name / file_name
-            trial.parent.mkdir()
-            trial.write_text(text)
+            trial = staged(path, name, text) if path is not None else None
+            if trial is not None and not _loads(trial):
+                unstage(trial)
+                trial = None
+            if trial is None:
+                trial = Path(tmp) / name / file_name
+                trial.parent.mkdir()
+                trial.write_text(text)
+            else:
+                ready.append(trial)
+            trials[name] = trial
             module = load_path(trial)
             fns[name] = (lambda m=module: m.run(*flat, out))
         with _RUN_LOCK:
@@ -185,13 +211,34 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
             unload_path(trial)
         best = min(times, key=times.get)
         if path is not None:
-            try:
-                adopt_numba_cache(trials[best], path)
-            except OSError as exc:  # the import then compiles, as without a trial
-                log.debug("numba cache of %s not copied: %s", trials[best], exc)
+            _adopt(trials[best], path)
+        for trial in ready:
+            unstage(trial)
     log.debug("eOp form: %s (%s)", best,
               ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()))
     return sources[best]
+
+
+def _loads(trial: Path) -> bool:
+    """Whether the module at ``trial`` imports (a form compiled ahead whose numba code does
+    not load is compiled here instead, as if it had not been)."""
+    try:
+        load_path(trial)
+    except Exception as exc:  # numba's and importlib's errors have many types
+        unload_path(trial)
+        log.warning("kernel compiled ahead at %s did not load (%s); compiling it here",
+                    trial, exc)
+        return False
+    return True
+
+
+def _adopt(trial: Path, path: Path) -> None:
+    """numba's compiled code of ``trial`` beside ``path`` (if that fails, importing ``path``
+    compiles it)."""
+    try:
+        adopt_numba_cache(trial, path)
+    except OSError as exc:
+        log.debug("numba cache of %s not copied: %s", trial, exc)
 
 
 def analyse_plan(plan: Plan) -> list[NestInfo]:
@@ -228,9 +275,8 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
     start = time.perf_counter()
     _configure_numba()
     canonical = canonical_form(expr)
-    dk = decls_key(expr.decls)
-    stem = f"ollie_{fingerprint(expr)}_{dk}"
-    fallback = f"ollie_{full_key(canonical)}_{dk}"
+    stem = module_stem(expr)
+    fallback = f"ollie_{full_key(canonical)}_{decls_key(expr.decls)}"
     try:
         module, existed = load_module(directory, stem, canonical, fallback,
                                       lambda path: choose_source(expr, canonical, path))
@@ -245,6 +291,16 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
               "from cache" if existed else "generated")
     _KERNELS[key] = kernel
     return kernel
+
+
+def module_stem(expr: Expr) -> str:
+    """The file stem of ``expr``'s kernel module in the cache directory."""
+    return f"ollie_{fingerprint(expr)}_{decls_key(expr.decls)}"
+
+
+def is_loaded(expr: Expr, cache_dir: Path) -> bool:
+    """Whether ``expr``'s kernel from ``cache_dir`` is already compiled in this process."""
+    return (expr, str(cache_dir)) in _KERNELS
 
 
 def clear_memory_cache() -> None:

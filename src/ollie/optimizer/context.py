@@ -126,6 +126,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     before the samples around a variant whose ONNX Runtime session spins (0: none). None when
     there is nothing to switch or no variant ran."""
     from ollie.runtime.executor import CompiledProgram
+    from ollie.runtime.kernels import precompile_programs
 
     groups = sorted(groups, key=lambda g: -g.saving_s)[:MAX_GROUPS]
     if not groups:
@@ -137,11 +138,30 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     programs: dict[frozenset[str], Program] = {}
     spinning: set[frozenset[str]] = set()
 
+    made: dict[frozenset[str], Program | None] = {}
+
+    def program(on: frozenset[str]) -> Program | None:
+        if on not in made:
+            made[on] = None
+            made[on] = variant(postprocess(assemble(on)), library)
+        return made[on]
+
+    def precompile(ons: Sequence[frozenset[str]]) -> None:
+        """The programs' generated kernels compiled ahead, side by side (those that fail to
+        build fail again, and are reported, in ``runner``)."""
+        progs = []
+        for on in ons:
+            try:
+                progs.append(program(on))
+            except (OllieError, RuntimeError, ValueError):
+                made.pop(on, None)
+        precompile_programs([p for p in progs if p is not None])
+
     def runner(on: frozenset[str]) -> Callable[[], object] | None:
         if on not in built:
             built[on] = None
             try:
-                prog = variant(postprocess(assemble(on)), library)
+                prog = program(on)
                 if prog is None:
                     return None
                 compiled = CompiledProgram(prog, "cpu")
@@ -172,6 +192,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         return None
     current = start
     singles = [current ^ {g.key} for g in groups]
+    precompile(singles)
     times = _time([current, *singles], runner, spinning, settle=settle)
     if current not in times:
         return None

@@ -61,6 +61,7 @@ from ollie.program.postprocess import describe as describe_postprocess
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, constant_array, kernel_from_json, kernel_to_json
 from ollie.runtime.executor import CompiledProgram
+from ollie.runtime.kernels import precompile_programs
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
 from ollie.tune.cache import CostCache, device_key
@@ -409,6 +410,8 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     notes = [*opt.notes, describe_postprocess(raw, prog)]
     rewritten = any(r.chosen != ORIGINAL for r in opt.report)
     originals = postprocess(opt.assemble(frozenset())) if rewritten else None
+    if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms: new code
+        precompile_programs([p for p in (prog, originals) if p is not None])
     ref = reference(graph, cfg, notes)
     prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref)
     report = opt.report

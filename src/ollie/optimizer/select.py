@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ollie.codegen.precompile import precompile
 from ollie.ir import Expr
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, constant_array
 from ollie.runtime.executor import CompiledProgram
+from ollie.runtime.kernels import discovering, precompile_programs
 from ollie.runtime.precision import tf32
 from ollie.search.candidate import Candidate, Step, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
@@ -185,42 +187,31 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     # product kept transposed (which orientation a library computes faster is measured)
     forms = [c for derived in candidates[:limit]
              for c in (derived, transposed_candidate(derived, expr)) if c is not None]
+    built: list[tuple[Candidate, Program | Exception]] = []
     for cand in forms:
         try:
-            prog = candidate_program(cand, expr, constants)
-            ok, err = check_program(prog, expr, inputs, reference, device)
-        except Exception as exc:  # a candidate that fails is only skipped
-            log.warning("candidate %s failed after post-processing: %s", cand.summary(), exc)
-            rejected.append(f"{cand.summary()}: {exc}")
-            continue
-        if not ok:
-            log.error("post-processed candidate disagrees with the original (error %.3g): %s",
-                      err, cand.summary())
-            rejected.append(f"{cand.summary()}: error {err:.3g}")
-            continue
-        key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}{layout}"
-        if any(key == k for k, *_ in verified):
-            continue  # the same program reached by another derivation
-        args = {n: feed[n] for n, _ in prog.inputs}
-        for vkey, variant in [(key, prog), *(_library_variants(key, prog, device)
-                                             if library_variants else [])]:
-            if variant is not prog:
-                try:
-                    agrees = check_program(variant, expr, inputs, reference, device)[0]
-                except Exception as exc:  # a variant that fails is only skipped
-                    log.warning("library variant %s failed: %s", program_label(variant), exc)
-                    agrees = False
-                if not agrees:
-                    rejected.append(f"{program_label(variant)}: disagrees or fails")
-                    continue
-            compiled = CompiledProgram(variant, device)
-            verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
+            built.append((cand, candidate_program(cand, expr, constants)))
+        except Exception as exc:  # reported below, where the others are checked
+            built.append((cand, exc))
+    cpu = torch.device(device).type == "cpu"
+    if cpu:  # their generated kernels compiled side by side in worker processes, ahead
+        precompile_programs([p for _, p in built if isinstance(p, Program)])
+    layouts = _verify(built, expr, inputs, reference, device, feed, shapes, dev, layout,
+                      library_variants, rejected, verified)
     keys = [base_key, *(k for k, *_ in verified)]
     hits = [cache.get(k) if cache is not None else None for k in keys]
     cached = all(h is not None for h in hits)
     if cached:
         secs = [float(h) for h in hits]  # type: ignore[arg-type]
     else:
+        if cpu:  # the kernel variants the timing inputs' layouts need, compiled ahead too
+            with discovering() as more:
+                for *_, run in verified:
+                    try:
+                        run()
+                    except Exception as exc:  # it fails again when timed and is dropped
+                        log.debug("candidate failed on the timing inputs: %s", exc)
+            precompile([*layouts, *more])
         fns = {k: fn for k, fn in zip(keys, [baseline, *(v[3] for v in verified)],
                                        strict=True)}
         timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
@@ -239,6 +230,54 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
               secs[0] * 1e3, "; ".join(f"{m.label} {m.seconds * 1e3:.3f} ms"
                                        for m in sel.measured))
     return sel
+
+
+def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
+            inputs: Mapping[str, np.ndarray], reference: tuple[np.ndarray, np.ndarray],
+            device: str, feed: Mapping[str, torch.Tensor], shapes: str, dev: str,
+            layout: str, library_variants: bool, rejected: list[str],
+            verified: list[tuple[str, Program, Candidate, Callable[[], object]]]
+            ) -> list[Expr]:
+    """Check each built candidate program (and its library variants) against the
+    ``reference``; append those that agree to ``verified`` as ``(cost key, program,
+    candidate, run on feed)``, the others to ``rejected``. Returns the expressions of the
+    kernel variants the checks' layouts needed (:func:`~ollie.runtime.kernels.discovering`:
+    recorded, not compiled)."""
+    with discovering() as layouts:
+        for cand, prog in built:
+            try:
+                if isinstance(prog, Exception):
+                    raise prog
+                ok, err = check_program(prog, expr, inputs, reference, device)
+            except Exception as exc:  # a candidate that fails is only skipped
+                log.warning("candidate %s failed after post-processing: %s",
+                            cand.summary(), exc)
+                rejected.append(f"{cand.summary()}: {exc}")
+                continue
+            if not ok:
+                log.error("post-processed candidate disagrees with the original "
+                          "(error %.3g): %s", err, cand.summary())
+                rejected.append(f"{cand.summary()}: error {err:.3g}")
+                continue
+            key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}{layout}"
+            if any(key == k for k, *_ in verified):
+                continue  # the same program reached by another derivation
+            args = {n: feed[n] for n, _ in prog.inputs}
+            for vkey, variant in [(key, prog), *(_library_variants(key, prog, device)
+                                                 if library_variants else [])]:
+                if variant is not prog:
+                    try:
+                        agrees = check_program(variant, expr, inputs, reference, device)[0]
+                    except Exception as exc:  # a variant that fails is only skipped
+                        log.warning("library variant %s failed: %s",
+                                    program_label(variant), exc)
+                        agrees = False
+                    if not agrees:
+                        rejected.append(f"{program_label(variant)}: disagrees or fails")
+                        continue
+                compiled = CompiledProgram(variant, device)
+                verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
+    return layouts
 
 
 def program_label(prog: Program) -> str:

@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -24,7 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ollie.errors import UnsupportedError
+from ollie.ir import Expr
 from ollie.program.kernel import Kernel
+from ollie.program.program import Program
 from ollie.runtime import library, linear
 from ollie.runtime.onednn import POST_OPS
 
@@ -168,15 +172,55 @@ torch's ``tanh_`` (``tanh_`` alone: 0.192 ms on those values), 0.318 / 0.319 wit
 generated code. Sigmoid stays with torch (numba's ``np.exp`` is a scalar libm call)."""
 
 
+def generated_kernel(k: Kernel, backend: str) -> Kernel:
+    """The eOperator whose expression ``k``'s generated code computes: ``k`` without its
+    ``activation`` parameter where torch applies that after the code (:func:`_eop_fn`)."""
+    act = k.params.get("activation")
+    if act and not (backend == "cpu" and act in GENERATED_ACTIVATIONS):
+        return k.without_activation()
+    return k
+
+
+def precompile_programs(programs: Sequence[Program]) -> int:
+    """Compile ahead, side by side in one process per core (:func:`ollie.codegen.precompile.
+    precompile`), the generated CPU code of every eOperator of ``programs`` (the code
+    :func:`_eop_fn` compiles when the kernel is built). Returns how many module forms were
+    compiled there."""
+    from ollie.codegen.precompile import precompile
+
+    return precompile([generated_kernel(k, "cpu").expr for prog in programs
+                       for k in prog.kernels if k.kind == "eOp" and k.expr is not None])
+
+
+_DISCOVERY = threading.local()
+
+
+@contextmanager
+def discovering() -> Iterator[list[Expr]]:
+    """Within this context (in this thread), a generated CPU kernel given an input in a
+    layout it has no code for yet (a channels-last convolution output, read in place by a
+    variant of the kernel: :func:`~ollie.codegen.layout.permute_inputs`) does not compile
+    that variant: it appends the variant's expression to the list this yields and computes
+    its output from contiguous copies of its inputs (the same values). The variants can
+    then be compiled ahead together (:func:`ollie.codegen.precompile.precompile`) before
+    the programs are timed."""
+    found: list[Expr] = []
+    outer = getattr(_DISCOVERY, "found", None)
+    _DISCOVERY.found = found
+    try:
+        yield found
+    finally:
+        _DISCOVERY.found = outer
+
+
 def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     """Generated code for the eOperator; one with an ``activation`` parameter (tanh, sigmoid:
     post-processing) runs the code for its argument, then the torch function in place, except
     for the activations of :data:`GENERATED_ACTIVATIONS` on the CPU, which the generated code
     applies as it stores each value."""
-    act = k.params.get("activation")
-    if act and not (backend == "cpu" and act in GENERATED_ACTIVATIONS):
+    if generated_kernel(k, backend) is not k:
         inner = _eop_fn(k.without_activation(), backend)
-        apply = linear.ACTIVATIONS[str(act)]
+        apply = linear.ACTIVATIONS[str(k.params["activation"])]
         return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
     from ollie.codegen.layout import dense_permutation, permute_inputs
@@ -210,7 +254,13 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
             if run is None:
                 rewritten = permute_inputs(k.expr, {n: p for n, p in zip(order, perms,
                                                                          strict=True) if p})
-                run = variants[key] = compile_eop(rewritten, backend=backend).run_flat
+                found = getattr(_DISCOVERY, "found", None)
+                if found is not None:  # recorded, not compiled (discovering())
+                    found.append(rewritten)
+                    run = run_flat
+                    flat = [env[n].detach().contiguous().numpy().reshape(-1) for n in order]
+                else:
+                    run = variants[key] = compile_eop(rewritten, backend=backend).run_flat
             if out is None or not out.is_contiguous():
                 out = torch.empty(shape)
             run(flat, out.numpy().reshape(-1))

@@ -1,0 +1,216 @@
+"""Compiling generated CPU kernels ahead of their first use, in worker processes.
+
+numba compiles a generated module in one thread, and most of a cold optimisation is spent
+there: InfoGAN b16 took 734 s from an empty cache on the 2-core VM (2026-11-26, cProfile,
+scratch ``/tmp/w32/cold.py``), 668 s of them in numba's compiler, for 73 kernel modules of the
+candidates measured. The candidates of one subprogram are known before any of them runs, so
+their modules can be compiled side by side: :func:`precompile` writes the module text of
+every form :func:`ollie.codegen.cpu.choose_source` will try (``staged/<form>/<file>`` under the
+kernel cache directory) and imports those files in ``workers`` processes (one per core: this
+one and fresh Python processes), whose numba writes the machine code to each file's
+``__pycache__``. When the kernel is
+then compiled for real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with the
+same text instead of compiling it (numba 0.68 stamps its cache with the text's hash), copies
+the chosen form's code beside the kernel module and removes the staged files
+(:func:`unstage`).
+
+Nothing else changes: the same texts, the same choice between forms (timed in the calling
+process, as before), the same files in the cache. A worker that fails or times out only
+leaves its modules to be compiled as before, in the calling process. ``OLLIE_PRECOMPILE=0``
+turns this off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ollie.ir import Expr
+
+log = logging.getLogger(__name__)
+
+STAGED = "staged"
+"""Subdirectory of the kernel cache directory holding the forms compiled ahead."""
+
+TIMEOUT = 900.0
+"""Seconds a worker may take for its share before it is stopped (its modules are then
+compiled in the calling process when they are used)."""
+
+_WORKER = """
+import importlib.util, os, sys
+failed = 0
+for path in sys.argv[1:]:
+    try:
+        # under the name the calling process imports it by (ollie.codegen.cache), which
+        # numba's cache records
+        name = "ollie_kernels." + os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        print(f"{path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        failed += 1
+sys.exit(1 if failed else 0)
+"""
+
+
+def enabled() -> bool:
+    """Whether compiling ahead is on (``OLLIE_PRECOMPILE`` is not ``0``)."""
+    return os.environ.get("OLLIE_PRECOMPILE", "1") != "0"
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def staged_path(path: Path, form: str) -> Path:
+    """Where the ``form`` of the kernel module ``path`` is staged."""
+    return path.parent / STAGED / form / path.name
+
+
+def staged(path: Path, form: str, text: str) -> Path | None:
+    """The staged ``form`` of the kernel module ``path`` if it holds ``text``, else None."""
+    p = staged_path(path, form)
+    try:
+        return p if p.read_text() == text else None
+    except OSError:
+        return None
+
+
+def _compiled(p: Path) -> bool:
+    cache = p.parent / "__pycache__"
+    return cache.is_dir() and any(cache.glob(f"{p.stem}.*.nbi"))
+
+
+def unstage(p: Path) -> None:
+    """Remove the staged module ``p`` and numba's code for it."""
+    for f in [p, *sorted((p.parent / "__pycache__").glob(f"{p.stem}.*"))]:
+        with contextlib.suppress(OSError):
+            f.unlink()
+
+
+def _stage(p: Path, text: str) -> None:
+    """Write ``text`` to ``p`` atomically (replacing a stale text)."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".tmp_{os.getpid()}_{threading.get_ident()}_{p.name}")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
+    """Stage the forms of every kernel of ``exprs`` that is neither compiled in this process
+    nor on disk; the staged files numba has not compiled yet."""
+    from ollie.codegen.cache import default_cache_dir
+    from ollie.codegen.cpu import is_loaded, module_stem, source_forms
+    from ollie.fingerprint import canonical_form
+
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    todo: list[Path] = []
+    seen: set[Expr] = set()
+    for expr in exprs:
+        if expr in seen or is_loaded(expr, directory):
+            continue
+        seen.add(expr)
+        path = directory / f"{module_stem(expr)}.py"
+        if path.exists():
+            continue
+        try:
+            forms = source_forms(expr, canonical_form(expr))
+        except Exception as exc:  # it fails again, and is reported, when used
+            log.debug("no source for %s: %s", path.name, exc)
+            continue
+        for form, text in forms.items():
+            p = staged_path(path, form)
+            if staged(path, form, text) is None:
+                _stage(p, text)
+            elif _compiled(p):
+                continue
+            todo.append(p)
+    return todo
+
+
+def _shares(paths: list[Path], n: int) -> list[list[Path]]:
+    """``paths`` in ``n`` lists of about equal text size (longest first, each to the
+    lightest list): compile time grows with a module's size."""
+    sized = sorted(((p.stat().st_size, p) for p in paths), key=lambda t: (-t[0], str(t[1])))
+    shares: list[tuple[int, list[Path]]] = [(0, []) for _ in range(n)]
+    for size, p in sized:
+        i = min(range(n), key=lambda j: shares[j][0])
+        shares[i] = (shares[i][0] + size, [*shares[i][1], p])
+    return [s for _, s in shares if s]
+
+
+def _run(share: list[Path], failures: list[str]) -> None:
+    try:
+        res = subprocess.run([sys.executable, "-c", _WORKER, *map(str, share)],
+                             capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        failures.append(f"worker for {len(share)} module(s): {exc}")
+        return
+    if res.returncode != 0:
+        failures.append(res.stderr.strip()[-2000:] or f"exit status {res.returncode}")
+
+
+def _compile_here(share: list[Path], failures: list[str]) -> None:
+    """Compile ``share`` in this process (imported as :mod:`ollie.codegen.cache` imports a
+    kernel module, so numba's cache names it the same; then forgotten again)."""
+    from ollie.codegen.cache import load_path, unload_path
+
+    for p in share:
+        try:
+            load_path(p)
+        except Exception as exc:  # numba's compile errors have many types
+            failures.append(f"{p}: {type(exc).__name__}: {exc}")
+        finally:
+            unload_path(p)
+
+
+def precompile(exprs: Iterable[Expr], cache_dir: Path | None = None,
+               workers: int | None = None) -> int:
+    """Compile the CPU kernels of ``exprs`` ahead (see the module doc) in up to ``workers``
+    processes (default: one per core), this one included; returns how many module forms were
+    compiled.
+    Does nothing when fewer than two forms need compiling (a worker would only add its
+    start-up) or when it is turned off (:func:`enabled`)."""
+    if not enabled():
+        return 0
+    try:
+        todo = pending(exprs, cache_dir)
+    except OSError as exc:  # an unwritable cache directory: kernels compile when used
+        log.warning("kernels not compiled ahead: %s", exc)
+        return 0
+    n = min(workers or cores(), len(todo))
+    if n < 2 or len(todo) < 2:
+        return 0
+    start = time.perf_counter()
+    failures: list[str] = []
+    own, *others = _shares(todo, n)
+    threads = [threading.Thread(target=_run, args=(share, failures), daemon=True)
+               for share in others]
+    for t in threads:
+        t.start()
+    _compile_here(own, failures)  # this process takes a share meanwhile
+    for t in threads:
+        t.join()
+    done = sum(_compiled(p) for p in todo)
+    for text in failures:
+        log.warning("compiling kernels ahead failed (they compile when used): %s", text)
+    log.info("compiled %d of %d kernel module forms ahead in %d processes in %.1f s", done,
+             len(todo), n, time.perf_counter() - start)
+    return done
+
+
+__all__ = ["STAGED", "TIMEOUT", "cores", "enabled", "pending", "precompile", "staged",
+           "unstage"]
