@@ -128,3 +128,16 @@ def test_shares_split_by_size(tmp_path, n):
     assert sorted(p for s in shares for p in s) == sorted(paths) and len(shares) == n
     sizes = [sum(p.stat().st_size for p in s) for s in shares]
     assert max(sizes) - min(sizes) <= 50
+
+
+def test_stale_staged_forms_are_removed(tmp_path):
+    import os
+
+    exprs = [ollie.parse(SCATTER), ollie.parse(GATHER)]
+    pre.pending(exprs, cache_dir=tmp_path)
+    staged = sorted((tmp_path / pre.STAGED).rglob("*.py"))
+    assert len(staged) == 3
+    old = staged[0].stat().st_mtime - pre.STALE_SECONDS - 1
+    os.utime(staged[0], (old, old))
+    pre._prune(tmp_path / pre.STAGED)
+    assert sorted((tmp_path / pre.STAGED).rglob("*.py")) == staged[1:]

@@ -1,23 +1,25 @@
-"""Compiling generated CPU kernels ahead of their first use, in worker processes.
+"""Compiling generated CPU kernels ahead of their first use, side by side on every core.
 
-numba compiles a generated module in one thread, and most of a cold optimisation is spent
+numba compiles a generated module in one thread, and most of a cold optimisation was spent
 there: InfoGAN b16 took 734 s from an empty cache on the 2-core VM (2026-11-26, cProfile,
 scratch ``/tmp/w32/cold.py``), 668 s of them in numba's compiler, for 73 kernel modules of the
-candidates measured. The candidates of one subprogram are known before any of them runs, so
-their modules can be compiled side by side: :func:`precompile` writes the module text of
-every form :func:`ollie.codegen.cpu.choose_source` will try (``staged/<form>/<file>`` under the
-kernel cache directory) and imports those files in ``workers`` processes (one per core: this
-one and fresh Python processes), whose numba writes the machine code to each file's
-``__pycache__``. When the kernel is
-then compiled for real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with the
-same text instead of compiling it (numba 0.68 stamps its cache with the text's hash), copies
-the chosen form's code beside the kernel module and removes the staged files
-(:func:`unstage`).
+candidates measured, one after another. The candidates of one subprogram are known before
+any of them runs, so their modules can be compiled side by side: :func:`precompile` writes
+the module text of every form :func:`ollie.codegen.cpu.choose_source` will try
+(``staged/<form>/<file>`` under the kernel cache directory) and imports those files in one
+process per core (this one, and fresh Python processes that import only numba), whose numba
+writes the machine code to each file's ``__pycache__``. When the kernel is then compiled for
+real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with the same text instead
+of compiling it (numba 0.68 stamps its cache with the text's hash), copies the chosen form's
+code beside the kernel module and removes the staged files (:func:`unstage`). The variants
+of a kernel for the layouts its inputs arrive in are found by running the candidates once
+without compiling them (:func:`ollie.runtime.kernels.discovering`), then compiled the same
+way. From an empty cache: InfoGAN b16 440 s against 676 s without, b1 158 s against 186 s.
 
 Nothing else changes: the same texts, the same choice between forms (timed in the calling
-process, as before), the same files in the cache. A worker that fails or times out only
-leaves its modules to be compiled as before, in the calling process. ``OLLIE_PRECOMPILE=0``
-turns this off.
+process, as before), the same files in the cache. A worker that fails or times out, or staged
+code that does not load, only leaves its modules to be compiled as before, in the calling
+process. ``OLLIE_PRECOMPILE=0`` turns this off.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 
 STAGED = "staged"
 """Subdirectory of the kernel cache directory holding the forms compiled ahead."""
+
+STALE_SECONDS = 3600.0
+"""Staged files older than this are removed when kernels are next compiled ahead: a form
+compiled ahead but never used (a candidate that failed its check before that kernel was
+built, a layout a check saw and the timing did not)."""
 
 TIMEOUT = 900.0
 """Seconds a worker may take for its share before it is stopped (its modules are then
@@ -109,6 +116,18 @@ def _stage(p: Path, text: str) -> None:
     os.replace(tmp, p)
 
 
+def _prune(staging: Path) -> None:
+    """Remove staged modules older than :data:`STALE_SECONDS` (and numba's code for them)."""
+    cutoff = time.time() - STALE_SECONDS
+    for p in staging.glob("*/*.py"):
+        try:
+            old = p.stat().st_mtime < cutoff
+        except OSError:
+            continue
+        if old:
+            unstage(p)
+
+
 def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
     """Stage the forms of every kernel of ``exprs`` that is neither compiled in this process
     nor on disk; the staged files numba has not compiled yet."""
@@ -117,6 +136,7 @@ def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
     from ollie.fingerprint import canonical_form
 
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    _prune(directory / STAGED)
     todo: list[Path] = []
     seen: set[Expr] = set()
     for expr in exprs:
