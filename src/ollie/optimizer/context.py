@@ -46,6 +46,7 @@ context decisions), counting the passes that kept both rewrites / one / none:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -142,7 +143,6 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
 
     def program(on: frozenset[str]) -> Program | None:
         if on not in made:
-            made[on] = None
             made[on] = variant(postprocess(assemble(on)), library)
         return made[on]
 
@@ -151,10 +151,8 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
         build fail again, and are reported, in ``runner``)."""
         progs = []
         for on in ons:
-            try:
+            with contextlib.suppress(OllieError, RuntimeError, ValueError):
                 progs.append(program(on))
-            except (OllieError, RuntimeError, ValueError):
-                made.pop(on, None)
         precompile_programs([p for p in progs if p is not None])
 
     def runner(on: frozenset[str]) -> Callable[[], object] | None:

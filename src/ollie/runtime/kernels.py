@@ -218,8 +218,9 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     post-processing) runs the code for its argument, then the torch function in place, except
     for the activations of :data:`GENERATED_ACTIVATIONS` on the CPU, which the generated code
     applies as it stores each value."""
-    if generated_kernel(k, backend) is not k:
-        inner = _eop_fn(k.without_activation(), backend)
+    code = generated_kernel(k, backend)
+    if code is not k:
+        inner = _eop_fn(code, backend)
         apply = linear.ACTIVATIONS[str(k.params["activation"])]
         return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
