@@ -50,7 +50,7 @@ def full_key(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:40]
 
 
-def _write_once(path: Path, data: str | bytes) -> bool:
+def write_once(path: Path, data: str | bytes) -> bool:
     """Write ``data`` to ``path`` atomically unless the file exists; whether it was written."""
     if path.exists():
         return False
@@ -104,7 +104,7 @@ def adopt_numba_cache(trial: Path, path: Path) -> int:
         raise ValueError(f"{trial} and {path} must have the same file name")
     src, dst = trial.parent / "__pycache__", path.parent / "__pycache__"
     files = sorted(src.glob(f"{trial.stem}.*")) if src.is_dir() else []
-    return sum(_write_once(dst / f.name, f.read_bytes()) for f in files)
+    return sum(write_once(dst / f.name, f.read_bytes()) for f in files)
 
 
 def unload_path(path: Path) -> None:
@@ -127,7 +127,7 @@ def load_module(directory: Path, stem: str, canonical: str, fallback_stem: str,
         path = directory / f"{name}.py"
         existed = path.exists()
         if not existed:
-            _write_once(path, generate(path))
+            write_once(path, generate(path))
         if f"CANONICAL = {canonical!r}\n" not in path.read_text():
             continue
         mod = _import(path)

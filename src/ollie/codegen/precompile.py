@@ -96,7 +96,8 @@ def staged(path: Path, form: str, text: str) -> Path | None:
         return None
 
 
-def _compiled(p: Path) -> bool:
+def compiled(p: Path) -> bool:
+    """Whether numba's cache beside the module ``p`` holds code for it."""
     cache = p.parent / "__pycache__"
     return cache.is_dir() and any(cache.glob(f"{p.stem}.*.nbi"))
 
@@ -155,7 +156,7 @@ def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
             p = staged_path(path, form)
             if staged(path, form, text) is None:
                 _stage(p, text)
-            elif _compiled(p):
+            elif compiled(p):
                 continue
             todo.append(p)
     return todo
@@ -211,8 +212,17 @@ def precompile(exprs: Iterable[Expr], cache_dir: Path | None = None,
     except OSError as exc:  # an unwritable cache directory: kernels compile when used
         log.warning("kernels not compiled ahead: %s", exc)
         return 0
+    return compile_side_by_side(todo, workers)
+
+
+def compile_side_by_side(todo: list[Path], workers: int | None = None) -> int:
+    """Import the modules ``todo`` (their numba functions declare their signatures, so they
+    compile when imported, into numba's cache beside each file) in up to ``workers``
+    processes (default: one per core), this one included, each module imported by the name
+    :mod:`ollie.codegen.cache` gives it; returns how many are compiled afterwards. Does
+    nothing for fewer than two modules or when turned off (:func:`enabled`)."""
     n = min(workers or cores(), len(todo))
-    if n < 2 or len(todo) < 2:
+    if not enabled() or n < 2 or len(todo) < 2:
         return 0
     start = time.perf_counter()
     failures: list[str] = []
@@ -224,7 +234,7 @@ def precompile(exprs: Iterable[Expr], cache_dir: Path | None = None,
     _compile_here(own, failures)  # this process takes a share meanwhile
     for t in threads:
         t.join()
-    done = sum(_compiled(p) for p in todo)
+    done = sum(compiled(p) for p in todo)
     for text in failures:
         log.warning("compiling kernels ahead failed (they compile when used): %s", text)
     log.info("compiled %d of %d kernel module forms ahead in %d processes in %.1f s", done,
@@ -232,5 +242,5 @@ def precompile(exprs: Iterable[Expr], cache_dir: Path | None = None,
     return done
 
 
-__all__ = ["STAGED", "TIMEOUT", "cores", "enabled", "pending", "precompile", "staged",
-           "unstage"]
+__all__ = ["STAGED", "TIMEOUT", "compile_side_by_side", "compiled", "cores", "enabled", "pending",
+           "precompile", "staged", "unstage"]
