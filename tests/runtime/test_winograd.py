@@ -412,8 +412,9 @@ def _check_relu_conv(conv, x: torch.Tensor, want: torch.Tensor, b: torch.Tensor,
 @needs_onednn
 def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, monkeypatch):
     """``winograd_codegen.precompile`` compiles a convolution's transform modules in worker
-    processes; this process then loads numba's code instead of compiling it, and the
-    convolution built on them agrees with ``F.conv2d`` (NCHW input, residual too)."""
+    processes, for an NCHW input read in place and a channels-last one; this process then
+    loads numba's code for both instead of compiling it, and the convolution built on them
+    agrees with ``F.conv2d``."""
     from ollie.runtime import winograd_codegen as wc
 
     monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
@@ -422,16 +423,19 @@ def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, m
     monkeypatch.setattr(onednn, "_CHOICES", {})
     specs = [("in", 4, 3, 12), ("out", 4, 3, 12)]
     assert wc.precompile(specs) == 2
-    for mod, name in ((wc.input_module(4, 3, 12), "transform_input"),
-                      (wc.output_module(4, 3, 12), "transform_output")):
-        stats = getattr(mod, name).stats
-        assert sum(stats.cache_hits.values()) == 1 and not sum(stats.cache_misses.values())
-    assert wc.precompile(specs) == 0  # loaded here: nothing to compile
     monkeypatch.setattr(winograd, "tile_sizes", lambda *a: [4])
     w, b = torch.randn(12, 12, 3, 3), torch.randn(12)
-    x, res = torch.randn(2, 12, 9, 7), torch.randn(2, 12, 9, 7)
+    x = torch.randn(2, 12, 9, 7)
     conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
-                                    activation="relu", residual=True)
+                                    activation="relu")
     assert conv is not None
-    want = torch.relu(F.conv2d(x, w, b, 1, 1) + res)
-    torch.testing.assert_close(conv(x, res), want, rtol=1e-4, atol=1e-4)
+    want = torch.relu(F.conv2d(x, w, b, 1, 1))
+    for layout in (torch.contiguous_format, torch.channels_last):
+        torch.testing.assert_close(conv(x.contiguous(memory_format=layout)), want, rtol=1e-4,
+                                   atol=1e-4)
+    for mod, name, variants in ((wc.input_module(4, 3, 12), "transform_input", 2),
+                                (wc.output_module(4, 3, 12), "transform_output", 1)):
+        stats = getattr(mod, name).stats
+        assert sum(stats.cache_hits.values()) == variants
+        assert not sum(stats.cache_misses.values())
+    assert wc.precompile(specs) == 0  # loaded here: nothing to compile

@@ -35,10 +35,8 @@ On the 2-core VM (2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-
 channels, against 272-348 for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels.
 Bias, a residual ``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform;
 other activations after it. The output is channels-last (the transforms' natural layout:
-channels innermost), and so is the input they read (an NCHW input is copied first,
-:func:`_nhwc`). Each transform has one signature and compiles when its module is imported;
-the modules a convolution's candidates need are compiled side by side before they are built
-(:func:`ollie.runtime.winograd_codegen.precompile`).
+channels innermost). The transform modules a convolution's candidates need are compiled side
+by side before they are built (:func:`ollie.runtime.winograd_codegen.precompile`).
 
 Numerics. The products sum ``C`` terms in float32 like a direct convolution; the transforms
 add and scale by the matrices' entries (for ``F(4, 3)``: integers up to 8 and ``1/24``), which
@@ -112,21 +110,16 @@ blocks of 4 MiB above 6 MiB against 29.2-29.5 ms with these values, and 41-48 ms
 20-26 ms with blocks of 1 MiB above 3 MiB."""
 
 
-def _nhwc(x: torch.Tensor) -> np.ndarray:
-    """``x`` (``[N, C, H, W]``) as a C-contiguous ``[N, H, W, C]`` array, copied to
-    channels-last first unless it is (the output of a Winograd or packed oneDNN convolution
-    is). The input transform reads a patch's channels: one plane apart in an NCHW input,
-    and across planes of 64 KiB or more every read is another page (SRCNN's
-    [16, 64, 224, 224] 5x5 layer: 334 ms from NCHW against 135 ms from channels-last with the
-    first generated transforms). With smaller planes, reading NCHW in place and copying
-    first took about as long (3.9 / 4.0 ms at [16, 128, 28, 28]; InfoGAN / DCGAN b16
-    programs 8.20-8.47 / 18.2-23.3 ms either way, alternating, 2026-11-26), so every input
-    is copied: one compiled signature per transform
-    (:data:`ollie.runtime.winograd_codegen.INPUT_SIGNATURE`), compiled ahead."""
-    x = x.contiguous(memory_format=torch.channels_last)
-    xn = x.permute(0, 2, 3, 1).numpy()
-    return xn if xn.flags.c_contiguous else np.ascontiguousarray(xn)
-
+CHANNELS_LAST_PLANE = 1 << 14
+"""An NCHW input whose planes hold this many elements or more is copied to channels-last
+first: the input transform reads a patch's channels one plane apart, and across planes of
+64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
+NCHW against 135 ms from channels-last with the first generated transforms; with the
+column/row transforms at [16, 128, 28, 28], 3.9 ms reading NCHW against 4.0 ms copying first,
+and 0.28 against 0.25 ms at [1, 64, 56, 56]). Below, reading in place is faster, the copy
+costing more than it saves (``F(4x4, 3x3)`` input transform, 2-core EPYC VM, 2026-11-26:
+1.63-1.79 against 2.96-3.05 ms at [16, 256, 14, 14], 4.30-4.53 against 6.31-6.64 ms at
+[16, 512, 14, 14])."""
 
 # ------------------------------------------------------------------------ the convolution
 def _weights(weight: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -443,6 +436,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     ph0s = np.array([ph0 for _, _, ph0 in parts], np.int64)
     no_res = np.zeros((1, 1, 1, 1), np.float32)
     mode = int(relu) + 2 * int(residual)
+    big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
     local = threading.local()
 
     def workspace() -> torch.Tensor:
@@ -454,11 +448,12 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
         v = workspace()
         x = x.detach()
-        # the transforms take channels-last arrays (their one compiled signature)
-        xn = _nhwc(x)
+        if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
+            x = x.contiguous(memory_format=torch.channels_last)
+        xn = x.permute(0, 2, 3, 1).numpy()
         y = torch.empty(nb, s * ho, s * wo, k)
         yn = y.numpy()
-        rn = no_res if res is None else _nhwc(res.detach())
+        rn = no_res if res is None else res.detach().permute(0, 2, 3, 1).numpy()
         for t0 in range(0, tiles, block):
             count = min(block, tiles - t0)
             chunk = max(1, count // 16)
