@@ -439,3 +439,46 @@ def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, m
         assert sum(stats.cache_hits.values()) == variants
         assert not sum(stats.cache_misses.values())
     assert wc.precompile(specs) == 0  # loaded here: nothing to compile
+
+
+@needs_onednn
+@pytest.mark.parametrize(("engine", "transposed", "residual", "blocks"), [
+    ("blocked", True, False, False), ("blocked", False, True, False),
+    ("blocked", True, True, True), ("oneDNN", True, False, False)])
+def test_products_by_either_engine_match_the_interpreter(monkeypatch, engine, transposed,
+                                                         residual, blocks) -> None:
+    # the products run by the register-blocked kernel or by oneDNN, the other one made
+    # unavailable (32 output channels: whole panels of 16); with tiles in blocks, the last
+    # block shorter
+    if engine == "blocked":
+        monkeypatch.setattr(winograd.onednn, "packed_conv2d", lambda *a, **k: None)
+    else:
+        monkeypatch.setattr(winograd.blocked_gemm, "applies", lambda k: False)
+    used: list[str] = []
+    real = winograd.blocked_gemm.blocked_products
+    monkeypatch.setattr(winograd.blocked_gemm, "blocked_products",
+                        lambda u: used.append("blocked") or real(u))
+    monkeypatch.setattr(winograd, "tile_sizes",
+                        lambda parts, *a: [winograd.TILE[parts[0][0].shape[-1]]])
+    g = torch.Generator().manual_seed(11 + int(transposed) + 2 * int(residual))
+    c, f = 20, 32
+    x = torch.randn(3, c, 7, 6, generator=g)
+    b = torch.randn(f, generator=g)
+    if blocks:
+        monkeypatch.setattr(winograd, "WHOLE_BYTES", 0)
+        monkeypatch.setattr(winograd, "BLOCK_BYTES",
+                            5 * 4 * 100 * (winograd.channel_block(c) + f))
+    if transposed:
+        w = torch.randn(c, f, 4, 4, generator=g)
+        conv = winograd.winograd_conv_transpose2d(w, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                                  (1, 1), b, activation="relu",
+                                                  residual=residual)
+        want = torch.from_numpy(_interpreted_transposed(x, w, 2, 1, 0))
+    else:
+        w = torch.randn(f, c, 3, 3, generator=g)
+        conv = winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
+                                        activation="relu", residual=residual)
+        want = torch.from_numpy(_interpreted(x, w, 1, 1))
+    # one products function per block size: the whole, or a block and the last block
+    assert used == ["blocked"] * ((2 if blocks else 1) if engine == "blocked" else 0)
+    _check_relu_conv(conv, x, want, b, residual, g)

@@ -27,7 +27,13 @@ column or row, vectorised), generated per channel block and stored in the kernel
 with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is a
 channels-last ``[1, P*n*n*cb, tiles, 1]`` image, ``P*n*n`` groups of the channel block ``cb``,
 the channels past ``C`` zero in ``V`` and in ``U``; ``P``: the parts, e.g. the four output
-phases of a stride-2 transposed convolution, :func:`phase_parts`). One call of each
+phases of a stride-2 transposed convolution, :func:`phase_parts`) or of the register-blocked
+kernel of :mod:`ollie.runtime.blocked_gemm`, whichever runs them faster (:func:`_products`,
+measured with cold caches per shape). With few tiles (a batch of small images) oneDNN runs
+them far below its matmul rate: InfoGAN b16's whole program ran in 8.1-8.8 ms with the
+blocked kernel chosen for its three Winograd layers against 9.3-10.4 ms with oneDNN's
+products only, DCGAN b16's in 21.2-22.7 against 23.3-24.7 ms (2-core EPYC VM, 2026-11-26,
+alternating in one process, scratch ``/tmp/w34/ab.py``). One call of each
 transform and of the products for all parts, against one per part before: InfoGAN's and
 DCGAN's b16 transposed convolutions ran 1.07-1.40x faster, InfoGAN's b1 layers 1.7-2.1x
 (2-core VM, 2026-11-26, alone, alternating in one process, scratch ``/tmp/w28/ab2.py``).
@@ -52,12 +58,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ollie.runtime import onednn
+from ollie.runtime import blocked_gemm, onednn
 from ollie.runtime.winograd_codegen import block as channel_block
 from ollie.runtime.winograd_codegen import input_module, matrices, output_module
 from ollie.runtime.winograd_codegen import precompile as codegen_precompile
@@ -313,6 +320,46 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
 
 
 Part = tuple[torch.Tensor, tuple[int, int], int]
+Products = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _products(u: torch.Tensor, rows: int) -> Products | None:
+    """``(V, out) -> M`` with ``M[t, g] = V[t, g] @ U[g]^T`` for the weights ``U``
+    ``[G, K, C]`` and ``V`` ``[rows, G, C]`` (``out``: a ``[rows, G, K]`` buffer it may fill):
+    the faster, measured with cold caches and remembered per shape, of oneDNN's grouped 1x1
+    convolution with ``U`` packed (``V`` a channels-last ``[1, G*C, rows, 1]`` image) and the
+    register-blocked kernel of :mod:`ollie.runtime.blocked_gemm` (where it applies);
+    ``None`` where neither builds."""
+    groups, k, c = u.shape
+
+    def library() -> Products | None:
+        conv = onednn.packed_conv2d(u.reshape(groups * k, c, 1, 1), (1, groups * c, rows, 1),
+                                    (1, 1), (0, 0), (1, 1), None, groups)
+        if conv is None:
+            return None
+
+        def run(v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            image = conv(v.reshape(1, rows, 1, groups * c).permute(0, 3, 1, 2))
+            return image.permute(0, 2, 3, 1).reshape(rows, groups, k)
+        return run
+
+    def blocked() -> Products | None:
+        if not blocked_gemm.applies(k):
+            return None
+        try:
+            return blocked_gemm.blocked_products(u)
+        except Exception as exc:  # numba's compile errors have many types
+            log.warning("blocked Winograd products did not build: %s", exc)
+            return None
+
+    builders = {"oneDNN": library, "blocked": blocked}
+    try:
+        return onednn.fastest_of(builders, (rows, groups, c), ("Winograd products", *u.shape,
+                                                               rows),
+                                 lambda: (torch.randn(rows, groups, c),
+                                          torch.empty(rows, groups, k)))
+    except ValueError:   # neither builds
+        return None
 
 
 def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[int]:
@@ -425,10 +472,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     sizes = sorted({block, tiles % block} - {0})
     u = torch.zeros(groups, kp, cb)
     u[:, :, :c] = torch.stack([x for w, _, _ in parts for x in _weights(w, m)])
-    products = {n: onednn.packed_conv2d(u.reshape(groups * kp, cb, 1, 1),
-                                        (1, groups * cb, n, 1), (1, 1), (0, 0), (1, 1), None,
-                                        groups)
-                for n in sizes}
+    products = {n: _products(u, n) for n in sizes}
     if any(p is None for p in products.values()):
         return None
     bias = (torch.zeros(k) if b is None else b).repeat(kp // k).numpy()
@@ -439,14 +483,14 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
     local = threading.local()
 
-    def workspace() -> torch.Tensor:
+    def workspace() -> tuple[torch.Tensor, torch.Tensor]:
         v = getattr(local, "v", None)
-        if v is None:
-            v = local.v = torch.zeros(block, groups, cb)   # channels c.. stay zero
+        if v is None:   # V (channels c.. stay zero) and the products
+            v = local.v = (torch.zeros(block, groups, cb), torch.empty(block, groups, kp))
         return v
 
     def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
-        v = workspace()
+        v, mw = workspace()
         x = x.detach()
         if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
             x = x.contiguous(memory_format=torch.channels_last)
@@ -460,8 +504,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
             vb = v[:count]
             imod.transform_input(xn, vb.reshape(count, len(parts), nn * cb).numpy(), t0,
                                  count, pads, dil, th, tw, chunk)
-            out = products[count](vb.reshape(1, count, 1, groups * cb).permute(0, 3, 1, 2))
-            ms = out.permute(0, 2, 3, 1).reshape(count, len(parts), nn, kp)
+            ms = products[count](vb, mw[:count]).reshape(count, len(parts), nn, kp)
             omod.transform_output(ms.numpy(), yn, bias, rn, mode, s, ph0s, ho, wo, t0, count,
                                   dil, th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
