@@ -15,8 +15,9 @@ from ollie.runtime import linear, onednn
 pytestmark = pytest.mark.skipif(not linear.available(), reason="no oneDNN matmul in this torch")
 
 
-@settings(max_examples=15, deadline=None)
-@given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40),
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(1, 40),
+       n=st.one_of(st.integers(1, 40), st.sampled_from([16, 32, 48])),
        batch=st.sampled_from([(), (1,), (3,)]), transposed=st.booleans(),
        bias=st.booleans(), act=st.sampled_from([None, "relu", "tanh"]),
        constant=st.sampled_from([(False, False), (False, True), (True, False)]))
@@ -32,6 +33,7 @@ def test_every_implementation_matches_torch(m, k, n, batch, transposed, bias, ac
     assert ("MKL transposed" in impls) == (batch in ((), (1,)))
     # a constant operand (a weight) is also offered packed once
     assert ("oneDNN packed" in impls) == constant[1]
+    assert ("blocked" in impls) == (constant[1] and n % 16 == 0)
     assert ("oneDNN packed transposed" in impls) == \
         (constant[0] and batch in ((), (1,)) and not bias)
     for _ in range(2):  # the packed ones pack on their first call, then reuse it

@@ -25,6 +25,7 @@ every library choice).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -110,6 +111,7 @@ def _micro_kernel(rows: int):  # type: ignore[no-untyped-def]
 
 
 _KERNEL: list[Callable[..., None]] = []
+_LOCK = threading.Lock()
 
 
 def _kernel() -> Callable[..., None]:
@@ -117,8 +119,14 @@ def _kernel() -> Callable[..., None]:
     ``[T, G, C]``, ``U`` ``[G, KB, C, NB]`` (packed panels), ``O`` ``[T, G, KB*NB]``; one job
     per (group, panel), its rows in blocks of :data:`ROW_BLOCKS` (built on first use: numba
     compiles it in ~2 s, once per machine with its on-disk cache)."""
-    if _KERNEL:
-        return _KERNEL[0]
+    with _LOCK:
+        if not _KERNEL:
+            _KERNEL.append(_build_kernel())
+    return _KERNEL[0]
+
+
+def _build_kernel() -> Callable[..., None]:
+    """The function :func:`_kernel` returns, built."""
     from numba import njit, prange
 
     mk6, mk4, mk2, mk1 = (_micro_kernel(r) for r in ROW_BLOCKS)
@@ -143,7 +151,6 @@ def _kernel() -> Callable[..., None]:
             if r0 < t:
                 mk1(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB, c, g * c, g * k)
 
-    _KERNEL.append(products)
     return products
 
 

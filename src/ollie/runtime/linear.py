@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from ollie.runtime import blocked_gemm
+
 log = logging.getLogger(__name__)
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A matrix product ``(a, b) -> f(a @ b + bias)``."""
@@ -72,7 +74,9 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
     ``constant``: whether ``a`` / ``b`` is a constant of the program (a weight), the same
     tensor on every call. A constant matrix is also offered packed once into oneDNN's blocked
     layout (``"oneDNN packed"`` for ``b``, ``"oneDNN packed transposed"`` for ``a``; the
-    returned products then ignore that argument and use the packed copy): oneDNN's primitive
+    returned products then ignore that argument and use the packed copy), and a constant
+    ``b`` with a multiple of 16 columns into the panels of the register-blocked kernel
+    (``"blocked"``, :mod:`ollie.runtime.blocked_gemm`): oneDNN's primitive
     otherwise re-lays out its weight on every call, which for a product with few rows is most
     of its time. InfoGAN's 448 -> 256 transposed convolution at batch 1 as ``[4, 448] @ [448,
     4096]`` (2-core AVX2 EPYC VM, 2026-11-25, alternating, scratch ``lin2.py``): 0.258 ms
@@ -106,6 +110,8 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
         rows = a.numel() // max(a.shape[-1], 1)
         impls["oneDNN packed"] = _packed(_matrix(b).t(), rows, lambda x, w: op(
             x, w, bias, attr, [], ""))
+    if constant[1] and _matrix(b).dim() == 2 and blocked_gemm.applies(_matrix(b).shape[1]):
+        impls["blocked"] = _blocked(_matrix(b), bias, post)
     if constant[0] and _matrix(a).dim() == 2 and _matrix(b).dim() == 2 and bias is None:
         impls["oneDNN packed transposed"] = _packed(_matrix(a), _matrix(b).shape[1], (
             lambda y, w: post(op(_matrix(y).t(), w, None, "none", [], "").t().contiguous())),
@@ -125,6 +131,25 @@ def _packed(weight: torch.Tensor, rows: int, call: Callable[[torch.Tensor, torch
         if not packed:
             packed.append(reorder(weight.contiguous(), max(rows, 1)))
         return call((x, y)[operand], packed[0])
+
+    return run
+
+
+def _blocked(weight: torch.Tensor, bias: torch.Tensor | None,
+             post: Callable[[torch.Tensor], torch.Tensor]) -> Product:
+    """A product by the register-blocked kernel of :mod:`ollie.runtime.blocked_gemm` with the
+    constant ``weight`` (``[in, out]``) packed into its panels on the first call; it ignores
+    its second argument, like :func:`_packed`."""
+    k, n = weight.shape
+    built: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = []
+
+    def run(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not built:
+            built.append(blocked_gemm.blocked_products(weight.t().unsqueeze(0)))
+        rows = x.reshape(-1, k).contiguous()
+        z = built[0](rows.view(-1, 1, k), torch.empty(rows.shape[0], 1, n))
+        z = z.view(*x.shape[:-1], n)
+        return post(z if bias is None else z.add_(bias))
 
     return run
 
