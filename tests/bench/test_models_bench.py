@@ -64,3 +64,33 @@ def test_markdown_marks_rows_kept_from_another_run() -> None:
     lines = [ln for ln in markdown(rows, info).splitlines() if ln.startswith("| ")][1:]
     assert "kept from" not in lines[0]
     assert "kept from the run of an earlier date" in lines[1]
+
+
+def test_repeated_timings_give_medians_and_the_speedup_range(monkeypatch) -> None:
+    import json
+
+    from ollie.bench import models
+
+    samples = iter([{"eager": 4.0, "ORT": 3.0, "Ollie": 2.0},
+                    {"eager": 6.0, "ORT": 2.0, "Ollie": 2.5},
+                    {"eager": 5.0, "ORT": 4.0, "Ollie": 1.0}])
+    monkeypatch.setattr(models, "measure_alternating", lambda *a, **k: next(samples))
+    row: dict = {}
+    times = models.timed({}, "cpu", 3, row)
+    assert times == {"eager": 5.0, "ORT": 3.0, "Ollie": 2.0}
+    assert row["repeats"] == 3 and len(row["repeat_times_ms"]) == 3
+    assert row["speedup_vs_eager_range"] == [2.0, 5.0]
+    assert row["speedup_vs_best_range"] == [0.8, 4.0]   # best peer per timing: ORT
+    # one timing: nothing added
+    monkeypatch.setattr(models, "measure_alternating",
+                        lambda *a, **k: {"eager": 4.0, "Ollie": 2.0})
+    one: dict = {}
+    assert models.timed({}, "cpu", 1, one) == {"eager": 4.0, "Ollie": 2.0} and not one
+    # the table says so
+    saved = Path(__file__).parents[2] / "benchmarks" / "results" / "models.json"
+    doc = json.loads(saved.read_text())
+    r = dict(next(r for r in doc["rows"] if "skipped" not in r), **row)
+    info = dict(doc["machine"], date=r.get("measured", ""))
+    line = [ln for ln in models.markdown([r], info).splitlines() if ln.startswith("| ")][1]
+    assert "medians of 3 timings, over which Ollie ran 2.00-5.00x over eager and " \
+           "0.80-4.00x over the best peer" in line

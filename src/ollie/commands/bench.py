@@ -11,6 +11,13 @@ def _depths(text: str) -> range:
     return range(int(lo), int(hi or lo) + 1)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     s = sub.add_parser("search", help="search states/time per depth, pruning and guided "
@@ -50,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="intra-op threads of every system (default: cores)")
     m.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where models and programs run (default cpu; cuda writes models_cuda.*)")
+    m.add_argument("--repeats", type=_positive, default=1,
+                   help="alternating timings per model and batch: the table gives their "
+                        "medians and the notes the range of Ollie's speedups (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
 
         return models.main(models.expand(args.models or models.DEFAULT_MODELS), tuple(args.batches),
                            args.budget, args.out, args.keep, args.cache_dir,
-                           args.threads, device=args.device)
+                           args.threads, device=args.device, repeats=args.repeats)
     raise AssertionError(args.bench)
