@@ -19,8 +19,9 @@ because with 16 rows each weight value takes part in 16 multiply-adds only and t
 (InfoGAN's 448 -> 256 layer, ``F(2x2, 2x2)``, 16.5 MB of weights) 0.96 ms against 2.0-2.5 ms
 for oneDNN's grouped 1x1 convolution and 2.8 ms for ``torch.bmm``; 100 groups of [16, 256] @
 [256, 128] 0.83 against 1.4 ms; without the prefetch 1.8-2.7 and 1.3-1.7 ms. Which of the
-two runs a convolution's products is measured (:func:`grouped_products`, cold caches, like
-every library choice).
+two runs a convolution's products is measured (``ollie.runtime.winograd._products``, cold
+caches, like every library choice); a matrix product with a constant right operand is
+offered it too (:mod:`ollie.runtime.linear`).
 """
 
 from __future__ import annotations
