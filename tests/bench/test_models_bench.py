@@ -53,7 +53,7 @@ def test_memory_guard_caps_and_restores_the_address_space() -> None:
 def test_markdown_marks_rows_kept_from_another_run() -> None:
     import json
 
-    from ollie.bench.models import markdown
+    from ollie.bench.models_report import markdown
 
     saved = Path(__file__).parents[2] / "benchmarks" / "results" / "models.json"
     doc = json.loads(saved.read_text())
@@ -69,7 +69,7 @@ def test_markdown_marks_rows_kept_from_another_run() -> None:
 def test_repeated_timings_give_medians_and_the_speedup_range(monkeypatch) -> None:
     import json
 
-    from ollie.bench import models
+    from ollie.bench import models, models_report
 
     samples = iter([{"eager": 4.0, "ORT": 3.0, "Ollie": 2.0},
                     {"eager": 6.0, "ORT": 2.0, "Ollie": 2.5},
@@ -91,6 +91,6 @@ def test_repeated_timings_give_medians_and_the_speedup_range(monkeypatch) -> Non
     doc = json.loads(saved.read_text())
     r = dict(next(r for r in doc["rows"] if "skipped" not in r), **row)
     info = dict(doc["machine"], date=r.get("measured", ""))
-    line = [ln for ln in models.markdown([r], info).splitlines() if ln.startswith("| ")][1]
+    line = [ln for ln in models_report.markdown([r], info).splitlines() if ln.startswith("| ")][1]
     assert "medians of 3 timings, over which Ollie ran 2.00-5.00x over eager and " \
            "0.80-4.00x over the best peer" in line

@@ -19,18 +19,22 @@ because with 16 rows each weight value takes part in 16 multiply-adds only and t
 (InfoGAN's 448 -> 256 layer, ``F(2x2, 2x2)``, 16.5 MB of weights) 0.96 ms against 2.0-2.5 ms
 for oneDNN's grouped 1x1 convolution and 2.8 ms for ``torch.bmm``; 100 groups of [16, 256] @
 [256, 128] 0.83 against 1.4 ms; without the prefetch 1.8-2.7 and 1.3-1.7 ms. Which of the
-two runs a convolution's products is measured (``ollie.runtime.winograd._products``, cold
-caches, like every library choice); a matrix product with a constant right operand is
+two runs a convolution's products is measured (:func:`grouped_products`, cold caches, like
+every library choice); a matrix product with a constant right operand is
 offered it too (:mod:`ollie.runtime.linear`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
+Products = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 NB = 16
 """Output channels per micro-kernel call: two AVX2 registers per row."""
@@ -168,7 +172,7 @@ def pack(u: torch.Tensor) -> np.ndarray:
         u.detach().float().reshape(g, k // NB, NB, c).permute(0, 1, 3, 2).numpy()).reshape(-1)
 
 
-def blocked_products(u: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def blocked_products(u: torch.Tensor) -> Products:
     """``(V, out) -> out`` with ``out[t, g, :] = V[t, g, :] @ U[g]^T`` for ``U`` ``[G, K, C]``
     and contiguous float32 ``V`` ``[T, G, C]``, ``out`` ``[T, G, K]`` (:func:`applies` to
     ``K``)."""
@@ -188,4 +192,44 @@ def blocked_products(u: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], 
     return products
 
 
-__all__ = ["NB", "applies", "blocked_products", "pack"]
+def grouped_products(u: torch.Tensor, rows: int) -> Products | None:
+    """``(V, out) -> M`` with ``M[t, g] = V[t, g] @ U[g]^T`` for the weights ``U``
+    ``[G, K, C]`` and ``V`` ``[rows, G, C]`` (``out``: a ``[rows, G, K]`` buffer it may fill):
+    the faster, measured with cold caches and remembered per shape, of oneDNN's grouped 1x1
+    convolution with ``U`` packed (``V`` a channels-last ``[1, G*C, rows, 1]`` image) and
+    :func:`blocked_products` (where it :func:`applies`); ``None`` where neither builds."""
+    from ollie.runtime import onednn
+
+    groups, k, c = u.shape
+
+    def library() -> Products | None:
+        conv = onednn.packed_conv2d(u.reshape(groups * k, c, 1, 1), (1, groups * c, rows, 1),
+                                    (1, 1), (0, 0), (1, 1), None, groups)
+        if conv is None:
+            return None
+
+        def run(v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            image = conv(v.reshape(1, rows, 1, groups * c).permute(0, 3, 1, 2))
+            return image.permute(0, 2, 3, 1).reshape(rows, groups, k)
+        return run
+
+    def blocked() -> Products | None:
+        if not applies(k):
+            return None
+        try:
+            return blocked_products(u)
+        except Exception as exc:  # numba's compile errors have many types
+            log.warning("blocked Winograd products did not build: %s", exc)
+            return None
+
+    builders = {"oneDNN": library, "blocked": blocked}
+    try:
+        return onednn.fastest_of(builders, (rows, groups, c),
+                                 ("Winograd products", *u.shape, rows),
+                                 lambda: (torch.randn(rows, groups, c),
+                                          torch.empty(rows, groups, k)))
+    except ValueError:   # neither builds
+        return None
+
+
+__all__ = ["NB", "applies", "blocked_products", "grouped_products", "pack"]

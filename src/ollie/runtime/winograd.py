@@ -28,8 +28,9 @@ with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is
 channels-last ``[1, P*n*n*cb, tiles, 1]`` image, ``P*n*n`` groups of the channel block ``cb``,
 the channels past ``C`` zero in ``V`` and in ``U``; ``P``: the parts, e.g. the four output
 phases of a stride-2 transposed convolution, :func:`phase_parts`) or of the register-blocked
-kernel of :mod:`ollie.runtime.blocked_gemm`, whichever runs them faster (:func:`_products`,
-measured with cold caches per shape). With few tiles (a batch of small images) oneDNN runs
+kernel of :mod:`ollie.runtime.blocked_gemm`, whichever runs them faster
+(:func:`ollie.runtime.blocked_gemm.grouped_products`, measured with cold caches per shape).
+With few tiles (a batch of small images) oneDNN runs
 them far below its matmul rate: InfoGAN b16's whole program ran in 8.1-8.8 ms with the
 blocked kernel chosen for its three Winograd layers against 9.3-10.4 ms with oneDNN's
 products only, DCGAN b16's in 21.2-22.7 against 23.3-24.7 ms (2-core EPYC VM, 2026-11-26,
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -320,48 +320,6 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
 
 
 Part = tuple[torch.Tensor, tuple[int, int], int]
-Products = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _products(u: torch.Tensor, rows: int) -> Products | None:
-    """``(V, out) -> M`` with ``M[t, g] = V[t, g] @ U[g]^T`` for the weights ``U``
-    ``[G, K, C]`` and ``V`` ``[rows, G, C]`` (``out``: a ``[rows, G, K]`` buffer it may fill):
-    the faster, measured with cold caches and remembered per shape, of oneDNN's grouped 1x1
-    convolution with ``U`` packed (``V`` a channels-last ``[1, G*C, rows, 1]`` image) and the
-    register-blocked kernel of :mod:`ollie.runtime.blocked_gemm` (where it applies);
-    ``None`` where neither builds."""
-    groups, k, c = u.shape
-
-    def library() -> Products | None:
-        conv = onednn.packed_conv2d(u.reshape(groups * k, c, 1, 1), (1, groups * c, rows, 1),
-                                    (1, 1), (0, 0), (1, 1), None, groups)
-        if conv is None:
-            return None
-
-        def run(v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-            image = conv(v.reshape(1, rows, 1, groups * c).permute(0, 3, 1, 2))
-            return image.permute(0, 2, 3, 1).reshape(rows, groups, k)
-        return run
-
-    def blocked() -> Products | None:
-        if not blocked_gemm.applies(k):
-            return None
-        try:
-            return blocked_gemm.blocked_products(u)
-        except Exception as exc:  # numba's compile errors have many types
-            log.warning("blocked Winograd products did not build: %s", exc)
-            return None
-
-    builders = {"oneDNN": library, "blocked": blocked}
-    try:
-        return onednn.fastest_of(builders, (rows, groups, c), ("Winograd products", *u.shape,
-                                                               rows),
-                                 lambda: (torch.randn(rows, groups, c),
-                                          torch.empty(rows, groups, k)))
-    except ValueError:   # neither builds
-        return None
-
-
 def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[int]:
     """The output tiles ``m`` to try for ``parts`` (:func:`_build`, outputs ``out_size`` per
     phase): :data:`TILE`, and :data:`SMALL_TILE` where the :data:`TILE` form's transformed
@@ -472,7 +430,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     sizes = sorted({block, tiles % block} - {0})
     u = torch.zeros(groups, kp, cb)
     u[:, :, :c] = torch.stack([x for w, _, _ in parts for x in _weights(w, m)])
-    products = {n: _products(u, n) for n in sizes}
+    products = {n: blocked_gemm.grouped_products(u, n) for n in sizes}
     if any(p is None for p in products.values()):
         return None
     bias = (torch.zeros(k) if b is None else b).repeat(kp // k).numpy()
