@@ -231,6 +231,7 @@ def test_gan_layer_per_phase_and_over_the_window_match_the_interpreter(monkeypat
     assert [(tuple(w.shape), pad, ph) for w, pad, ph in parts] == [
         ((4, 8, 2, 2), (1, 1), 0), ((4, 8, 2, 2), (1, 0), 1),
         ((4, 8, 2, 2), (0, 1), 2), ((4, 8, 2, 2), (0, 0), 3)]
+    _per_phase_only(monkeypatch)
     if not per_phase:
         monkeypatch.setattr(winograd, "phase_parts", lambda *a: None)
     x = torch.randn(2, 8, 5, 6, generator=torch.Generator().manual_seed(4))
@@ -329,6 +330,7 @@ def test_small_tiles_match_the_interpreter(monkeypatch, k, dil, residual, transp
     # F(2x2, r x r) for every kernel size (the transposed case: its 2x2 phases), forced as the
     # only tile tried
     monkeypatch.setattr(winograd, "tile_sizes", lambda *a: [winograd.SMALL_TILE])
+    _per_phase_only(monkeypatch)
     g = torch.Generator().manual_seed(k * 10 + dil)
     c, f = 20, 17
     x = torch.randn(2, c, 9, 11, generator=g)
@@ -367,6 +369,7 @@ def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual
     per_tile = 4 * groups * (winograd.channel_block(c) + kp)
     monkeypatch.setattr(winograd, "WHOLE_BYTES", 0)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", per_block * per_tile)
+    _per_phase_only(monkeypatch)
     monkeypatch.setattr(winograd, "tile_sizes",
                         lambda parts, *a: [winograd.TILE[parts[0][0].shape[-1]]])
     counts: list[int] = []   # tiles per input-transform call: one call per block
@@ -394,6 +397,13 @@ def test_tiles_in_blocks_match_the_interpreter(monkeypatch, transposed, residual
     _check_relu_conv(conv, x, want, b, residual, g)
     # 7x6 outputs (per phase) in 4x4 tiles: 2 x 2 per image, 8 in all
     assert counts == [per_block] * (8 // per_block) + ([8 % per_block] if 8 % per_block else [])
+
+
+def _per_phase_only(monkeypatch) -> None:
+    """Transposed convolutions by their per-phase form only: the overlap-add form
+    (:mod:`ollie.runtime.winograd_overlap`, tested in ``test_winograd_overlap.py``) not
+    offered."""
+    monkeypatch.setattr(winograd.winograd_overlap, "build", lambda *a, **k: None)
 
 
 def _check_relu_conv(conv, x: torch.Tensor, want: torch.Tensor, b: torch.Tensor,
@@ -460,6 +470,7 @@ def test_products_by_either_engine_match_the_interpreter(monkeypatch, engine, tr
                         lambda u: used.append("blocked") or real(u))
     monkeypatch.setattr(winograd, "tile_sizes",
                         lambda parts, *a: [winograd.TILE[parts[0][0].shape[-1]]])
+    _per_phase_only(monkeypatch)
     g = torch.Generator().manual_seed(11 + int(transposed) + 2 * int(residual))
     c, f = 20, 32
     x = torch.randn(3, c, 7, 6, generator=g)

@@ -40,6 +40,10 @@ DCGAN's b16 transposed convolutions ran 1.07-1.40x faster, InfoGAN's b1 layers 1
 (2-core VM, 2026-11-26, alone, alternating in one process, scratch ``/tmp/w28/ab2.py``).
 On the 2-core VM (2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-512
 channels, against 272-348 for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels.
+A transposed convolution whose phases are each an ``r x r`` convolution is also built in the
+overlap-add form (:mod:`ollie.runtime.winograd_overlap`: one input transform of
+non-overlapping tiles shared by every phase, the phases' products side by side, the overlaps
+added in the output transform), and the faster form kept (:func:`_fastest_tile`).
 Bias, a residual ``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform;
 other activations after it. The output is channels-last (the transforms' natural layout:
 channels innermost). The transform modules a convolution's candidates need are compiled side
@@ -58,16 +62,22 @@ groups, a kernel size without a tile in :data:`TILE`, no oneDNN in this torch).
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ollie.runtime import blocked_gemm, onednn
+from ollie.runtime import blocked_gemm, onednn, winograd_overlap
 from ollie.runtime.winograd_codegen import block as channel_block
 from ollie.runtime.winograd_codegen import input_module, matrices, output_module
 from ollie.runtime.winograd_codegen import precompile as codegen_precompile
+from ollie.runtime.winograd_common import (
+    CHANNELS_LAST_PLANE,
+    as_conv,
+    input_array,
+    residual_array,
+    thread_workspace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +126,6 @@ did not pay either: DCGAN b16 (2026-11-26, one process) ran 27.7-29.7 ms with
 blocks of 4 MiB above 6 MiB against 29.2-29.5 ms with these values, and 41-48 ms against
 20-26 ms with blocks of 1 MiB above 3 MiB."""
 
-
-CHANNELS_LAST_PLANE = 1 << 14
-"""An NCHW input whose planes hold this many elements or more is copied to channels-last
-first: the input transform reads a patch's channels one plane apart, and across planes of
-64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
-NCHW against 135 ms from channels-last with the first generated transforms; with the
-column/row transforms at [16, 128, 28, 28], 3.9 ms reading NCHW against 4.0 ms copying first,
-and 0.28 against 0.25 ms at [1, 64, 56, 56]). Below, reading in place is faster, the copy
-costing more than it saves (``F(4x4, 3x3)`` input transform, 2-core EPYC VM, 2026-11-26:
-1.63-1.79 against 2.96-3.05 ms at [16, 256, 14, 14], 4.30-4.53 against 6.31-6.64 ms at
-[16, 512, 14, 14])."""
 
 # ------------------------------------------------------------------------ the convolution
 def _weights(weight: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -302,18 +301,23 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().float().contiguous()
     parts = phase_parts(w, s, p)
+    overlap = None
     if parts is None:
         phases = transposed_as_phases(w, s, p)
         if phases is None:
             return None
         wp, lo = phases
         parts = [(wp, (lo, lo), 0)]
+    else:
+        def overlap(m: int) -> onednn.Conv | None:
+            return winograd_overlap.build(parts, b, input_shape, (hout // s, wout // s), s,
+                                          activation, residual, m)
     conv = _fastest_tile(lambda m: _build(parts, b, input_shape, (hout // s, wout // s), 1, s,
                                           activation, residual, m),
                          parts, input_shape, (hout // s, wout // s), 1,
                          (input_shape[0], w.shape[1], hout, wout), residual,
                          ("ConvTranspose2d", tuple(w.shape), tuple(input_shape), s, p,
-                          tuple(output_padding), b is None, activation, residual))
+                          tuple(output_padding), b is None, activation, residual), overlap)
     ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
         x, w, b, s, p, tuple(output_padding)))
     return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
@@ -361,24 +365,32 @@ oneDNN 6.46 ms). 32 MiB is the L3 of the 2-core AMD EPYC the rule was measured o
 
 def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
                   out_size: tuple[int, int], dil: int, out_shape: tuple[int, ...],
-                  residual: bool, key: tuple) -> onednn.Conv | None:
+                  residual: bool, key: tuple, overlap=None) -> onednn.Conv | None:
     """``build(m)`` for the one size of :func:`tile_sizes`, or the fastest of those built
+    and of ``overlap(m)`` (the overlap-add form of a transposed convolution,
+    :mod:`ollie.runtime.winograd_overlap`, offered for the :data:`TILE` size) where given
     (:func:`ollie.runtime.onednn.fastest`, cold caches; ``out_shape``: the output's, for the
     residual input). The choice is remembered per ``key`` (the convolution's configuration):
-    a later build for it builds only the chosen tile."""
-    names = {f"F({m}x{m})": m for m in tile_sizes(parts, out_size, dil)}
+    a later build for it builds only the chosen form."""
+    r, kp = parts[0][0].shape[-1], parts[0][0].shape[0]
+    forms = {f"F({m}x{m})": (build, m, (("in", input_shape[1]), ("out", kp)))
+             for m in tile_sizes(parts, out_size, dil)}
+    if overlap is not None:
+        forms[f"overlap F({TILE[r]}x{TILE[r]})"] = (
+            overlap, TILE[r], (("lin_in", input_shape[1]), ("lin_out", kp)))
     key = ("Winograd tile", *key)
     chosen = onednn._CHOICES.get(key)
-    # the transforms of the tiles built, compiled side by side first
-    r, kp = parts[0][0].shape[-1], parts[0][0].shape[0]
+    # the transforms of the forms built, compiled side by side first
     codegen_precompile([(kind, m, r, ch)
-                        for m in ([names[chosen]] if chosen in names else names.values())
-                        for kind, ch in (("in", input_shape[1]), ("out", kp))])
-    if chosen in names:
-        conv = build(names[chosen])
+                        for _, m, kinds in ([forms[chosen]] if chosen in forms
+                                            else forms.values())
+                        for kind, ch in kinds])
+    if chosen in forms:
+        make, m, _ = forms[chosen]
+        conv = make(m)
         if conv is not None:
             return conv
-    usable = {n: f for n, m in names.items() if (f := build(m)) is not None}
+    usable = {n: f for n, (make, m, _) in forms.items() if (f := make(m)) is not None}
     if len(usable) <= 1:
         return next(iter(usable.values()), None)
 
@@ -436,26 +448,18 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
     bias = (torch.zeros(k) if b is None else b).repeat(kp // k).numpy()
     pads = np.array([pad for _, pad, _ in parts], np.int64).reshape(len(parts), 2)
     ph0s = np.array([ph0 for _, _, ph0 in parts], np.int64)
-    no_res = np.zeros((1, 1, 1, 1), np.float32)
     mode = int(relu) + 2 * int(residual)
     big_planes = c > 1 and input_shape[2] * input_shape[3] >= CHANNELS_LAST_PLANE
-    local = threading.local()
+    # V (channels c.. stay zero) and the products
+    workspace = thread_workspace(lambda: (torch.zeros(block, groups, cb),
+                                          torch.empty(block, groups, kp)))
 
-    def workspace() -> tuple[torch.Tensor, torch.Tensor]:
-        v = getattr(local, "v", None)
-        if v is None:   # V (channels c.. stay zero) and the products
-            v = local.v = (torch.zeros(block, groups, cb), torch.empty(block, groups, kp))
-        return v
-
-    def run(x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
+    def run(x: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
         v, mw = workspace()
-        x = x.detach()
-        if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
-            x = x.contiguous(memory_format=torch.channels_last)
-        xn = x.permute(0, 2, 3, 1).numpy()
+        xn = input_array(x, big_planes)
         y = torch.empty(nb, s * ho, s * wo, k)
         yn = y.numpy()
-        rn = no_res if res is None else res.detach().permute(0, 2, 3, 1).numpy()
+        rn = residual_array(res)
         for t0 in range(0, tiles, block):
             count = min(block, tiles - t0)
             chunk = max(1, count // 16)
@@ -467,13 +471,7 @@ def _build(parts: list[Part], b: torch.Tensor | None, input_shape: tuple[int, ..
                                   dil, th, tw, chunk)
         return post(y.permute(0, 3, 1, 2))
 
-    if residual:
-        def conv(x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-            return run(x, res)
-    else:
-        def conv(x: torch.Tensor) -> torch.Tensor:
-            return run(x)
-    return conv
+    return as_conv(run, residual)
 
 
 __all__ = ["TILE", "applies", "applies_transposed", "matrices", "phase_parts",

@@ -235,6 +235,25 @@ def transform_input(x, V, t0, count, pads, dil, th, tw, chunk):
                 _tile_input(x, V[tl, p], patch, h, b, y0 - pads[p, 0], x0 - pads[p, 1], dil)
 '''
 
+STORE = """if mode == 0:
+    for c in range(K):
+        Y[b, oy, ox, c] = a[c] + bs[c]
+elif mode == 1:
+    for c in range(K):
+        v = a[c] + bs[c]
+        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
+elif mode == 2:
+    for c in range(K):
+        Y[b, oy, ox, c] = a[c] + bs[c] + res[b, oy, ox, c]
+else:
+    for c in range(K):
+        v = a[c] + bs[c] + res[b, oy, ox, c]
+        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
+"""
+"""An output transform's store of one output position's ``K`` channels ``a`` to
+``Y[b, oy, ox]``, with the bias ``bs`` and, by ``mode``, ReLU (1, 3) and the residual ``res``
+(2, 3)."""
+
 _OUTPUT = '''
 
 @njit(fastmath=False, cache=True)
@@ -258,21 +277,7 @@ def _tile_output(mt, Y, bias, res, mode, s, ph0, ho, wo, h, acc, b, y0, x0, dil)
                 o = (i * M_ + j) * CB + ph * K
                 a = acc[o:o + K]
                 bs = bias[ph * K:ph * K + K]
-                if mode == 0:
-                    for c in range(K):
-                        Y[b, oy, ox, c] = a[c] + bs[c]
-                elif mode == 1:
-                    for c in range(K):
-                        v = a[c] + bs[c]
-                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
-                elif mode == 2:
-                    for c in range(K):
-                        Y[b, oy, ox, c] = a[c] + bs[c] + res[b, oy, ox, c]
-                else:
-                    for c in range(K):
-                        v = a[c] + bs[c] + res[b, oy, ox, c]
-                        Y[b, oy, ox, c] = v if v > 0 else np.float32(0.0)
-
+{store}
 
 @njit(parallel=True, fastmath=False, cache=True)
 def transform_output(M, Y, bias, res, mode, s, ph0s, ho, wo, t0, count, dil, th, tw, chunk):
@@ -319,7 +324,7 @@ def _output_source(m: int, r: int, cb: int, canonical: str) -> str:
     return (_HEADER.format(m=m, r=r, what=f"output transform, up to {cb} channels",
                            canonical=canonical, n=n, cb=cb, constants=_constants(at))
             + _OUTPUT.format(cols=_indent(cols, 1), rows=_indent(rows, 1), mn=m * n,
-                             mm=m * m))
+                             mm=m * m, store=_indent(STORE.splitlines(), 4)))
 
 
 _MODULES: dict[str, object] = {}
@@ -329,10 +334,32 @@ _FUNCTIONS = {"in": ("transform_input", INPUT_SIGNATURES),
               "out": ("transform_output", OUTPUT_SIGNATURES)}
 
 
+def _source(kind: str) -> Callable[[int, int, int, str], str]:
+    """The generator of a transform kind: ``"in"`` / ``"out"`` here, ``"lin_in"`` /
+    ``"lin_out"`` the overlap-add form's (:mod:`ollie.runtime.winograd_overlap_codegen`)."""
+    if kind in _SOURCES:
+        return _SOURCES[kind]
+    from ollie.runtime import winograd_overlap_codegen as overlap
+
+    return overlap.SOURCES[kind]
+
+
+def _function(kind: str) -> tuple[str, tuple[str, ...]]:
+    """The function of a transform kind's module compiled ahead, and its signatures."""
+    if kind in _FUNCTIONS:
+        return _FUNCTIONS[kind]
+    from ollie.runtime import winograd_overlap_codegen as overlap
+
+    return overlap.FUNCTIONS[kind]
+
+
 def _names(kind: str, m: int, r: int, cb: int) -> tuple[str, str]:
     """The canonical text and the file stem of a transform module."""
-    return (f"winograd v{KERNEL_VERSION} {kind} F({m},{r}) block {cb}",
-            f"ollie_winograd_v{KERNEL_VERSION}_{kind}_F{m}x{r}_c{cb}")
+    version = KERNEL_VERSION
+    if kind not in _SOURCES:
+        from ollie.runtime.winograd_overlap_codegen import KERNEL_VERSION as version
+    return (f"winograd v{version} {kind} F({m},{r}) block {cb}",
+            f"ollie_winograd_v{version}_{kind}_F{m}x{r}_c{cb}")
 
 
 def _module(kind: str, m: int, r: int, cb: int):
@@ -344,7 +371,7 @@ def _module(kind: str, m: int, r: int, cb: int):
     if mod is None:
         _configure_numba()
         mod, _ = load_module(default_cache_dir(), stem, canonical, f"{stem}_b",
-                             lambda _path: _SOURCES[kind](m, r, cb, canonical))
+                             lambda _path: _source(kind)(m, r, cb, canonical))
         _MODULES[canonical] = mod
     return mod
 
@@ -360,12 +387,21 @@ def output_module(m: int, r: int, channels: int):
     return _module("out", m, r, block(channels))
 
 
+def overlap_modules(m: int, r: int, in_channels: int, out_channels: int):
+    """The overlap-add form's input and output transforms of ``F(m, r)``
+    (:mod:`ollie.runtime.winograd_overlap_codegen`) for ``in_channels`` input channels and
+    ``out_channels`` per output phase."""
+    return (_module("lin_in", m, r, block(in_channels)),
+            _module("lin_out", m, r, block(out_channels)))
+
+
 def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
     """Compile ahead, side by side in one process per core
     (:func:`ollie.codegen.precompile.compile_side_by_side`), the transform modules
     ``(kind, m, r, channels)`` (kind ``"in"`` / ``"out"``, as :func:`input_module` /
-    :func:`output_module` take them) that are neither loaded in this process nor compiled
-    in the kernel cache; their files are written to the cache as :func:`input_module` would.
+    :func:`output_module` take them, or ``"lin_in"`` / ``"lin_out"``,
+    :func:`overlap_modules`) that are neither loaded in this process nor compiled in the
+    kernel cache; their files are written to the cache as :func:`input_module` would.
     The functions of a transform module compile on their first call (for the types they get);
     here they are compiled for :data:`INPUT_SIGNATURES` / :data:`OUTPUT_SIGNATURES`, into
     numba's cache, which the first call then loads. Returns how many modules were compiled. A
@@ -385,14 +421,14 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
         if canonical in _MODULES:
             continue
         try:
-            write_once(path, _SOURCES[kind](m, r, cb, canonical))
+            write_once(path, _source(kind)(m, r, cb, canonical))
             if f"CANONICAL = {canonical!r}\n" not in path.read_text():
                 continue  # another text under this name: load_module uses the fallback
         except OSError as exc:  # an unwritable cache: the modules compile when used
             log.warning("Winograd transforms not compiled ahead: %s", exc)
             return 0
         if not compiled(path):
-            name, signatures = _FUNCTIONS[kind]
+            name, signatures = _function(kind)
             todo[path] = [(name, sig) for sig in signatures]
     if todo:
         from ollie.codegen.cpu import _configure_numba
@@ -402,4 +438,4 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
 
 
 __all__ = ["INPUT_SIGNATURES", "KERNEL_VERSION", "OUTPUT_SIGNATURES", "block", "input_module",
-           "matrices", "output_module", "precompile"]
+           "matrices", "output_module", "overlap_modules", "precompile"]

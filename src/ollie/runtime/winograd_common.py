@@ -1,0 +1,76 @@
+"""Runtime glue shared by the Winograd convolutions (:mod:`ollie.runtime.winograd`, per
+output phase, and :mod:`ollie.runtime.winograd_overlap`, overlap-add): the input as a
+channels-last array, per-thread workspaces, the convolution's call signature."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ollie.runtime import onednn
+
+CHANNELS_LAST_PLANE = 1 << 14
+"""An NCHW input whose planes hold this many elements or more is copied to channels-last
+first: the input transform reads a patch's channels one plane apart, and across planes of
+64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
+NCHW against 135 ms from channels-last with the first generated transforms; with the
+column/row transforms at [16, 128, 28, 28], 3.9 ms reading NCHW against 4.0 ms copying first,
+and 0.28 against 0.25 ms at [1, 64, 56, 56]). Below, reading in place is faster, the copy
+costing more than it saves (``F(4x4, 3x3)`` input transform, 2-core EPYC VM, 2026-11-26:
+1.63-1.79 against 2.96-3.05 ms at [16, 256, 14, 14], 4.30-4.53 against 6.31-6.64 ms at
+[16, 512, 14, 14])."""
+
+
+def input_array(x: torch.Tensor, big_planes: bool) -> np.ndarray:
+    """``x`` (``[N, C, H, W]``) as a ``[N, H, W, C]`` float32 array: a view of a channels-last
+    or contiguous ``x``, after a copy to channels-last where its planes are large
+    (``big_planes``: :data:`CHANNELS_LAST_PLANE`) or it is neither."""
+    x = x.detach()
+    if not onednn.is_channels_last(x) and (big_planes or not x.is_contiguous()):
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x.permute(0, 2, 3, 1).numpy()
+
+
+NO_RESIDUAL = np.zeros((1, 1, 1, 1), np.float32)
+"""The residual argument of an output transform that adds none."""
+
+
+def residual_array(res: torch.Tensor | None) -> np.ndarray:
+    """The residual ``[N, C, H, W]`` as the ``[N, H, W, C]`` array an output transform reads
+    (:data:`NO_RESIDUAL` for none)."""
+    return NO_RESIDUAL if res is None else res.detach().permute(0, 2, 3, 1).numpy()
+
+
+def thread_workspace(make: Callable[[], tuple[torch.Tensor, ...]]
+                     ) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """A function returning this thread's buffers, built by ``make`` on its first call in
+    the thread (a convolution may run in several threads at once)."""
+    local = threading.local()
+
+    def workspace() -> tuple[torch.Tensor, ...]:
+        bufs = getattr(local, "bufs", None)
+        if bufs is None:
+            bufs = local.bufs = make()
+        return bufs
+
+    return workspace
+
+
+def as_conv(run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+            residual: bool) -> onednn.Conv:
+    """``run(x, r)`` as a convolution's callable: ``(x, r)`` with ``residual``, else
+    ``(x)``."""
+    if residual:
+        def conv(x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            return run(x, res)
+    else:
+        def conv(x: torch.Tensor) -> torch.Tensor:
+            return run(x, None)
+    return conv
+
+
+__all__ = ["CHANNELS_LAST_PLANE", "NO_RESIDUAL", "as_conv", "input_array", "residual_array",
+           "thread_workspace"]
