@@ -51,12 +51,14 @@ PHASED = [(4, 2, 1), (4, 2, 0), (4, 2, 2), (4, 2, 3), (6, 2, 2), (6, 3, 0), (6, 
 
 @needs_onednn
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 2), c=st.integers(1, 20), f=st.integers(1, 18),
+@given(n=st.integers(1, 2), c=st.integers(1, 16), f=st.integers(1, 16),
        h=st.integers(1, 9), wd=st.integers(1, 9), form=st.sampled_from(PHASED),
        m=st.sampled_from([2, 4]), bias=st.booleans(), relu=st.booleans(),
        residual=st.booleans(), cl=st.booleans(), seed=st.integers(0, 2**16))
 def test_overlap_transposed_conv_matches_the_interpreter(n, c, f, h, wd, form, m, bias, relu,
                                                          residual, cl, seed) -> None:
+    # up to 16 channels: one channel block (its channels past c zero), so the examples share
+    # their transforms' modules
     k, s, pad = form
     hout, wout = (h - 1) * s - 2 * pad + k, (wd - 1) * s - 2 * pad + k
     g = torch.Generator().manual_seed(seed)
