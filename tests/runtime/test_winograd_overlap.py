@@ -130,7 +130,7 @@ def test_overlap_keeps_nan_near_the_tile_that_read_it() -> None:
 
 
 @needs_onednn
-def test_transposed_conv_offers_the_overlap_form_and_keeps_the_faster(monkeypatch) -> None:
+def test_transposed_conv_offers_the_overlap_form_beside_the_per_phase_one(monkeypatch) -> None:
     offered: list[list[str]] = []
     real = onednn.fastest
 
