@@ -6,8 +6,9 @@ stride-1 convolution of the same input (:func:`ollie.runtime.winograd.phase_part
 stride-2 kernels: 2x2 per phase) is computed per phase by ``F(m x m, r x r)`` in
 :mod:`ollie.runtime.winograd`, each phase transforming its own overlapping ``n x n`` input
 patches (``n = m + r - 1``): the transformed input is ``s*s * n*n / (m*m)`` times the input
-(6.25x for ``F(4x4, 2x2)``) and writing and reading it took a third of DCGAN b16's Winograd
-time. Here the linear-convolution form (:mod:`ollie.runtime.winograd_overlap_codegen`)
+(6.25x for ``F(4x4, 2x2)``); writing it is memory-bound (DCGAN b16's three such layers:
+input transforms 0.5 / 0.8 / 1.6 ms of 17.5 ms in all, per call, 2-core EPYC VM,
+2026-11-26). Here the linear-convolution form (:mod:`ollie.runtime.winograd_overlap_codegen`)
 transforms each non-overlapping ``m x m`` input tile once for all phases (``n*n / (m*m)``
 times the input, 1.56x), the products of all phases are one product per transformed position
 with the phases' output channels side by side (``[tiles, C] @ [C, s*s*K]``, the same
@@ -60,19 +61,15 @@ def output_tiles(out: int, m: int, offset: int) -> int:
 
 def weights(parts: list[Part], m: int, cb: int) -> torch.Tensor:
     """``U`` ``[n*n, P*K, cb]``: per transformed position, ``G w' G^T`` of every phase's
-    kernel flipped (``w'``: the linear form convolves), phases' output channels side by side,
-    input channels past ``C`` zero; computed in float64."""
-    from ollie.runtime.winograd_overlap_codegen import linear_matrices
+    kernel flipped (``w'``: the linear form convolves; the same ``G`` as the correlation's,
+    :func:`ollie.runtime.winograd._weights`), phases' output channels side by side, input
+    channels past ``C`` zero."""
+    from ollie.runtime.winograd import _weights  # (winograd imports this module)
 
-    r = parts[0][0].shape[-1]
-    g = torch.tensor([[float(v) for v in row] for row in linear_matrices(m, r)[1]],
-                     dtype=torch.float64)
-    per_phase = [torch.einsum("ia,kcab,jb->ijkc", g, w.double().flip(-1, -2), g)
-                 for w, _, _ in parts]                     # [n, n, K, C] each
-    u = torch.cat(per_phase, dim=2)                        # [n, n, P*K, C]
-    n, c = u.shape[0], u.shape[3]
-    out = torch.zeros(n * n, u.shape[2], cb)
-    out[:, :, :c] = u.reshape(n * n, u.shape[2], c).float()
+    per_phase = [torch.stack(_weights(w.flip(-1, -2), m)) for w, _, _ in parts]  # [nn, K, C]
+    u = torch.cat(per_phase, dim=1)                                               # [nn, P*K, C]
+    out = torch.zeros(u.shape[0], u.shape[1], cb)
+    out[:, :, :u.shape[2]] = u
     return out
 
 
