@@ -31,6 +31,11 @@ class UnsupportedError(OllieError):
     """An operator, attribute combination or construct Ollie does not support."""
 
 
+class ResourceError(OllieError, MemoryError):
+    """A computation that would need more memory (or work) than its documented limit; the
+    message names what asked for it, the size asked for and the limit."""
+
+
 class ConfigError(OllieError, ValueError):
     """A setting outside its range (a negative search budget, a zero tolerance, ...); the
     message names the setting and the value given."""

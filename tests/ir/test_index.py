@@ -116,3 +116,14 @@ def test_errors():
         _ = x % -2
     with pytest.raises(ExprError, match="unbound"):
         x.bounds({})
+
+
+def test_divided_multiple_of_a_quotient_is_canonical():
+    # (2*(x / 4)) / 4 is (x / 4) / 2, which is x / 8: the form must not depend on the way
+    # there, or printing and parsing again changes an expression (found by the text fuzzer)
+    x = var("x")
+    assert ((x // 4) * 2) // 4 == x // 8
+    assert ((-x // 3) * 2) // 4 == -x // 6
+    assert ((x // 4) * 2 + 2) // 4 == (x // 4 + 1) // 2
+    for v in range(-40, 40):
+        assert (((x // 4) * 2) // 4).evaluate({"x": v}) == ((v // 4) * 2) // 4

@@ -294,12 +294,8 @@ def _make_div(arg: Affine, k: int) -> Affine:
     for _, c in rest:
         g = gcd(g, c)
     g = gcd(g, r)
-    if g > 1:
-        rest = [(a, c // g) for a, c in rest]
-        r //= g
-        k //= g
-        if k == 1:
-            return base + affine(rest, r)
+    if g > 1:  # (g*a + g*r) / (g*k) == (a + r) / k, which may simplify further
+        return base + _make_div(affine([(a, c // g) for a, c in rest], r // g), k // g)
     return base + _atom(FloorDiv(affine(rest, r), k))
 
 

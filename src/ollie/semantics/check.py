@@ -3,6 +3,9 @@
 ``compare(a, b, inputs, n=...)`` evaluates two expressions at the same ``n`` random output
 positions (or everywhere) and reports whether they agree within tolerance; it is what rule,
 matcher and kernel tests use to check that a rewrite keeps the meaning of an expression.
+:func:`random_inputs` (also what the search verifies candidates on) and
+:func:`sample_positions` refuse, with :class:`~ollie.errors.ResourceError`, to allocate more
+than ``max_bytes`` (default :data:`~ollie.semantics.limits.MAX_BYTES`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 from ollie.ir.nodes import Expr
 from ollie.ir.parser import parse
 from ollie.semantics.interpreter import interpret
+from ollie.semantics.limits import MAX_BYTES, check_bytes, size_text
 
 
 class Comparison(NamedTuple):
@@ -31,11 +35,16 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
 
 
 def sample_positions(shape: tuple[int, ...], n: int,
-                     rng: np.random.Generator | int | None = None) -> np.ndarray:
+                     rng: np.random.Generator | int | None = None, *,
+                     max_bytes: int | None = MAX_BYTES) -> np.ndarray:
     """``n`` distinct random storage positions of ``shape`` as int64 [n, rank], in row-major
     order; every position when ``n >= prod(shape)``."""
     shape = tuple(int(d) for d in shape)
     size = math.prod(shape)
+    count = max(min(int(n), size), 0)
+    check_bytes(8 * count * max(len(shape), 1), max_bytes,
+                f"sampling {count} positions of shape {list(shape)}",
+                "sample_positions(..., max_bytes=...)")
     if n >= size:
         flat = np.arange(size, dtype=np.int64)
     else:
@@ -45,10 +54,21 @@ def sample_positions(shape: tuple[int, ...], n: int,
     return np.stack(np.unravel_index(flat, shape), axis=1).astype(np.int64)
 
 
-def random_inputs(expr: Expr | str, seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard normal float32 arrays for every declared tensor of ``expr``."""
+def random_inputs(expr: Expr | str, seed: int = 0, *, max_bytes: int | None = MAX_BYTES
+                  ) -> dict[str, np.ndarray]:
+    """Standard normal float32 arrays for every declared tensor of ``expr``; raises
+    :class:`~ollie.errors.ResourceError` (naming the largest tensor) when they would take more
+    than ``max_bytes`` bytes in all (None: no limit)."""
     if isinstance(expr, str):
         expr = parse(expr)
+    sizes = {name: 4 * math.prod(shape) for name, shape in expr.decls}
+    if sizes:
+        big = max(sizes, key=sizes.__getitem__)
+        what = f"'{big}' {list(expr.inputs[big])}"
+        what = f"making random input {what}" if len(sizes) == 1 else \
+            f"making random inputs for {len(sizes)} tensors (the largest, {what}, " \
+            f"{size_text(sizes[big])})"
+        check_bytes(sum(sizes.values()), max_bytes, what, "random_inputs(..., max_bytes=...)")
     rng = np.random.default_rng(seed)
     return {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in expr.decls}
 

@@ -7,7 +7,9 @@ by both and kept, contracted axes shared and summed, the rest kept on one side),
 BLAS for convolution- and matmul-like products and stays fast for batched ones (G2BMM). More
 operands follow the pairwise order of ``np.einsum_path`` (greedy, with an intermediate size
 limit); when that limit forbids every pairwise step the remaining operands go to ``np.einsum``
-in one call, which makes no intermediate.
+in one call, which makes no intermediate. Beyond :data:`MAX_OPERANDS` operands (numpy's einsum
+takes fewer than 64), operands over the same labels are multiplied element-wise first, then the
+pair with the smallest result is contracted until few enough remain.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from ollie.semantics.grid import MAX_ELEMENTS
 
 Labels = Sequence[int]
 
+MAX_OPERANDS = 32
+"""Most operands contracted in one step (through ``np.einsum_path`` and ``np.einsum``)."""
+
 
 def contract(ops: Sequence[np.ndarray], labels: Sequence[Labels], out: Labels,
              memory_limit: int = MAX_ELEMENTS) -> np.ndarray:
@@ -31,6 +36,10 @@ def contract(ops: Sequence[np.ndarray], labels: Sequence[Labels], out: Labels,
         return _reduce(ops[0], list(labels[0]), list(out))
     if len(ops) == 2:
         return _pair(ops[0], list(labels[0]), ops[1], list(labels[1]), list(out))
+    if len(ops) > MAX_OPERANDS:
+        ops, labels = _fold(ops, labels, out, memory_limit)
+        if len(ops) <= 2:
+            return contract(ops, labels, out, memory_limit)
     path, _ = np.einsum_path(_subscripts(labels, out), *ops,
                              optimize=("greedy", memory_limit))
     items = [(op, list(lab)) for op, lab in zip(ops, labels, strict=True)]
@@ -48,6 +57,29 @@ def contract(ops: Sequence[np.ndarray], labels: Sequence[Labels], out: Labels,
         items.append((res, step_out))
     (res, lab), = items
     return _reduce(res, lab, list(out))
+
+
+def _fold(ops: Sequence[np.ndarray], labels: Sequence[Labels], out: Labels,
+          memory_limit: int) -> tuple[list[np.ndarray], list[list[int]]]:
+    """At most :data:`MAX_OPERANDS` operands with the same contraction as ``ops``."""
+    same: dict[tuple[int, ...], np.ndarray] = {}
+    for op, lab in zip(ops, labels, strict=True):
+        key = tuple(lab)
+        same[key] = op if key not in same else same[key] * op
+    items = [(op, list(lab)) for lab, op in same.items()]
+    while len(items) > MAX_OPERANDS:
+        size: dict[int, int] = {}
+        for op, lab in items:
+            size.update(zip(lab, op.shape, strict=True))
+        pairs = [(i, j) for i in range(len(items)) for j in range(i + 1, len(items))]
+        i, j = min(pairs, key=lambda p: math.prod(
+            size[x] for x in set(items[p[0]][1]) | set(items[p[1]][1])))
+        (a, la), (b, lb) = items[i], items[j]
+        del items[j], items[i]
+        needed = set(out).union(*(lab for _, lab in items))
+        step_out = sorted((set(la) | set(lb)) & needed)
+        items.append((contract([a, b], [la, lb], step_out, memory_limit), step_out))
+    return [op for op, _ in items], [lab for _, lab in items]
 
 
 def _subscripts(labels: Sequence[Labels], out: Labels) -> str:

@@ -210,7 +210,7 @@ def _linear(src: SparseSource, indices: Sequence[Affine], env) -> tuple[object, 
     for idx, off, dim in reversed(list(zip(indices, src.offsets, src.shape, strict=True))):
         v = idx.evaluate(env) - off
         if isinstance(v, np.ndarray):
-            if v.min() < 0 or v.max() >= dim:
+            if v.size and (v.min() < 0 or v.max() >= dim):
                 m = (v >= 0) & (v < dim)
                 mask = m if mask is None else mask & m
                 v = np.clip(v, 0, dim - 1)
@@ -237,13 +237,15 @@ def _sparse(src: SparseSource, indices: Sequence[Affine], grid: Grid, box: Box) 
 
 
 def requested_keys(shape: tuple[int, ...], offsets: tuple[int, ...],
-                   indices: Sequence[Affine], grid: Grid) -> np.ndarray:
+                   indices: Sequence[Affine], grid: Grid, limit: int | None = None
+                   ) -> np.ndarray | None:
     """Sorted unique linear positions of ``shape`` that ``[indices]`` reads in range over the
-    whole grid (chunked to bound memory)."""
+    whole grid (chunked to bound memory); None as soon as more than ``limit`` are found."""
     probe = SparseSource("", shape, offsets, np.zeros(0, np.int64), np.zeros(0))
     names = _names(indices)
     axes = grid.axes(names)
     found = []
+    count = 0
     for box in iter_boxes(grid, plan_blocks(grid, [axes], MAX_ELEMENTS), axes):
         lin, mask = _linear(probe, indices, grid.env(names, box))
         if mask is False:
@@ -253,6 +255,12 @@ def requested_keys(shape: tuple[int, ...], offsets: tuple[int, ...],
         if mask is not None:
             lin = lin[np.broadcast_to(mask, bshape)]
         found.append(np.unique(lin))
+        count += len(found[-1])
+        if limit is not None and count > limit:
+            found = [np.unique(np.concatenate(found))]
+            count = len(found[0])
+            if count > limit:
+                return None
     if not found:
         return np.zeros(0, np.int64)
     return np.unique(np.concatenate(found))

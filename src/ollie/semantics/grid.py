@@ -2,7 +2,8 @@
 
 A :class:`Grid` gives every iterator of a scope an axis and the integer values it takes along
 that axis. In full evaluation each iterator owns an axis whose values are a contiguous range
-(``arange(lo, hi)``); traversal axes come first (in layout order), then summation axes. In
+(``arange(lo, hi)``, made when first read, and per box for an axis longer than
+:data:`MAX_ELEMENTS`); traversal axes come first (in layout order), then summation axes. In
 sampled evaluation all traversal iterators share one axis ``p`` (one position per sampled output
 element) and take the sampled values along it; summation iterators still own their axes.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,9 +40,10 @@ class Grid:
     sizes: tuple[int, ...]
     n_out: int  # the first n_out axes are output axes, the others summation axes
     axis_of: Mapping[str, int]
-    values: Mapping[str, np.ndarray]  # 1-D int64 values along the iterator's axis
+    values: Mapping[str, np.ndarray]  # 1-D int64 values along a shared (sampled) axis
     start: Mapping[str, int | None]  # first value when the axis is the iterator's own arange
     points: np.ndarray | None = None  # sampled storage positions [P, rank] on axis 0
+    _aranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
     def full(cls, scope: Scope) -> Grid:
@@ -51,7 +53,7 @@ class Grid:
             sizes=tuple(it.size for it in iters),
             n_out=len(scope.traversal),
             axis_of={it.name: a for a, it in enumerate(iters)},
-            values={it.name: np.arange(it.lo, it.hi, dtype=np.int64) for it in iters},
+            values={},
             start={it.name: it.lo for it in iters},
         )
 
@@ -67,7 +69,6 @@ class Grid:
             start[it.name] = None
         for a, it in enumerate(scope.summation, start=1):
             axis_of[it.name] = a
-            values[it.name] = np.arange(it.lo, it.hi, dtype=np.int64)
             start[it.name] = it.lo
         sizes = (int(points.shape[0]), *(it.size for it in scope.summation))
         return cls(sizes, 1, axis_of, values, start, points=points)
@@ -105,7 +106,16 @@ class Grid:
         lo, hi = box[a]
         shape = [1] * self.ndim
         shape[a] = hi - lo
-        return self.values[name][lo:hi].reshape(shape)
+        first = self.start[name]
+        if first is None:
+            return self.values[name][lo:hi].reshape(shape)
+        n = self.sizes[a]
+        if n > MAX_ELEMENTS:
+            return np.arange(first + lo, first + hi, dtype=np.int64).reshape(shape)
+        values = self._aranges.get(name)
+        if values is None:
+            values = self._aranges[name] = np.arange(first, first + n, dtype=np.int64)
+        return values[lo:hi].reshape(shape)
 
     def env(self, names: Iterable[str], box: Box) -> dict[str, np.ndarray]:
         """Iterator values for :meth:`Affine.evaluate` within ``box``."""

@@ -13,6 +13,11 @@ iteration space is split into boxes so that no intermediate exceeds ``MAX_ELEMEN
 and read by iterator value. In sampled evaluation (``at=``) the traversal iterators take their
 values from the sampled points along one shared axis, and a nested scope is evaluated only at
 the positions those points read when these are few enough.
+
+Limits (``limits.py``): one call holds at most ``max_bytes`` in arrays that grow with the
+expression (inputs as float64, evaluated scopes) and evaluates at most ``max_work`` iteration
+points; either is checked before the allocation or the evaluation, and going over raises
+:class:`~ollie.errors.ResourceError`. Sums over iterators that a term does not use cost nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ollie.errors import ExprError, ShapeError
+from ollie.errors import ExprError, ShapeError, UnsupportedError
 from ollie.ir.nodes import Access, Expr, Scope, accesses, tensor_names
-from ollie.ir.parser import parse
+from ollie.ir.parser import MAX_RANK, parse
 from ollie.semantics.contract import contract
 from ollie.semantics.gather import (
     DenseSource,
@@ -35,6 +40,7 @@ from ollie.semantics.gather import (
     requested_keys,
 )
 from ollie.semantics.grid import MAX_ELEMENTS, Box, Grid, iter_boxes, plan_blocks
+from ollie.semantics.limits import MAX_BYTES, MAX_WORK, Budget
 from ollie.semantics.terms import Factor, Term, eval_factor, expand
 
 SPARSE_FRACTION = 0.25
@@ -43,24 +49,28 @@ at most this fraction of the scope's size (else it evaluates the whole scope, wh
 per element)."""
 
 
-def interpret(expr: Expr | str, inputs: Mapping[str, Any], *, at: Any = None) -> np.ndarray:
+def interpret(expr: Expr | str, inputs: Mapping[str, Any], *, at: Any = None,
+              max_bytes: int | None = MAX_BYTES, max_work: int | None = MAX_WORK) -> np.ndarray:
     """Evaluate ``expr`` on ``inputs`` (name -> numpy array or CPU torch tensor).
 
     Returns a float32 array of shape ``expr.shape``, or with ``at`` (int array [P, rank] of output
     storage positions) a float32 array [P] of those elements only. Raises
     :class:`~ollie.errors.ShapeError` when a tensor the expression reads is missing or has a
-    shape other than the declared one.
+    shape other than the declared one, and :class:`~ollie.errors.ResourceError` when the
+    evaluation would hold more than ``max_bytes`` bytes or evaluate more than ``max_work``
+    iteration points (None: no limit; see :mod:`ollie.semantics.limits`).
     """
     if isinstance(expr, str):
         expr = parse(expr)
-    ev = _Evaluator(_input_sources(expr, inputs))
+    budget = Budget(max_bytes, max_work)
+    ev = _Evaluator(_input_sources(expr, inputs, budget), budget)
     with np.errstate(all="ignore"):
         if at is None:
             out = ev.materialise(expr.root).array
         else:
             points = _check_points(at, expr.shape)
             out = ev.evaluate(expr.root, Grid.at_points(expr.root, points))
-    return np.asarray(out, dtype=np.float32)
+        return np.asarray(out, dtype=np.float32)  # beyond float32's range: inf
 
 
 # --------------------------------------------------------------------- argument checks
@@ -74,7 +84,8 @@ def _to_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def _input_sources(expr: Expr, inputs: Mapping[str, Any]) -> dict[str, DenseSource]:
+def _input_sources(expr: Expr, inputs: Mapping[str, Any], budget: Budget
+                   ) -> dict[str, DenseSource]:
     declared = expr.inputs
     out: dict[str, DenseSource] = {}
     for name in sorted(tensor_names(expr.root)):
@@ -87,6 +98,8 @@ def _input_sources(expr: Expr, inputs: Mapping[str, Any]) -> dict[str, DenseSour
         if arr.shape != shape:
             raise ShapeError(f"input tensor '{name}' has shape {list(arr.shape)}, "
                              f"expected {list(shape)}")
+        budget.alloc(8 * arr.size,
+                     lambda n=name, s=shape: f"input tensor '{n}' {list(s)} as float64")
         arr = np.ascontiguousarray(arr, dtype=np.float64)
         out[name] = DenseSource(name, arr, (0,) * len(shape))
     return out
@@ -109,8 +122,9 @@ def _check_points(at: Any, shape: tuple[int, ...]) -> np.ndarray:
 class _Evaluator:
     """Evaluates scopes of one call; nested scopes are materialised at most once."""
 
-    def __init__(self, tensors: dict[str, DenseSource]) -> None:
+    def __init__(self, tensors: dict[str, DenseSource], budget: Budget) -> None:
         self.tensors = tensors
+        self.budget = budget
         self.materialised: dict[Scope, DenseSource] = {}
 
     def materialise(self, scope: Scope) -> DenseSource:
@@ -124,13 +138,18 @@ class _Evaluator:
 
     def evaluate(self, scope: Scope, grid: Grid) -> np.ndarray:
         """float64 values of ``scope`` over the output axes of ``grid``."""
-        sources = self._sources(scope, grid)
+        if len(scope.iters) > MAX_RANK:
+            raise UnsupportedError(f"{_describe(scope)} has {len(scope.iters)} iterators; the "
+                                   f"interpreter handles at most {MAX_RANK}")
+        self.budget.alloc(8 * math.prod(grid.out_shape),
+                          lambda: f"the values of {_describe(scope)} {list(grid.out_shape)}")
         out = np.zeros(grid.out_shape)
-        if 0 in grid.sizes:
+        if 0 in grid.sizes:  # no point to evaluate (a sample of none): nothing to read either
             return out
+        sources = self._sources(scope, grid)
         for term in expand(scope.body):
-            _add_term(term, grid, sources, out)
-        _redo_non_finite(scope, grid, sources, out)
+            _add_term(term, grid, sources, out, self.budget, scope)
+        _redo_non_finite(scope, grid, sources, out, self.budget)
         return out
 
     def _sources(self, scope: Scope, grid: Grid) -> dict[str | Scope, Source]:
@@ -151,9 +170,13 @@ class _Evaluator:
     def _sampled_source(self, sub: Scope, accs: list[Access], grid: Grid) -> Source:
         offsets = tuple(it.lo for it in sub.traversal)
         size = math.prod(sub.shape)
-        keys = np.unique(np.concatenate(
-            [requested_keys(sub.shape, offsets, acc.indices, grid) for acc in accs]))
-        if size <= 1 or len(keys) > SPARSE_FRACTION * size:
+        limit = int(SPARSE_FRACTION * size)
+        for acc in accs:
+            self.budget.work(math.prod(grid.sizes[a] for a in grid.axes(_names(acc))),
+                             lambda: f"the positions of {_describe(sub)} read")
+        found = [requested_keys(sub.shape, offsets, acc.indices, grid, limit) for acc in accs]
+        keys = None if any(k is None for k in found) else np.unique(np.concatenate(found))
+        if size <= 1 or keys is None or len(keys) > limit:
             return self.materialise(sub)
         points = np.stack(np.unravel_index(keys, sub.shape), axis=1) if len(keys) else \
             np.zeros((0, len(sub.shape)), np.int64)
@@ -162,28 +185,33 @@ class _Evaluator:
 
 
 def _redo_non_finite(scope: Scope, grid: Grid, sources: Mapping[str | Scope, Source],
-                     out: np.ndarray) -> None:
+                     out: np.ndarray, budget: Budget) -> None:
     """Re-evaluate the body as written where ``out`` is inf or NaN.
 
     Term-wise evaluation reassociates (distributes products over sums, sums one operand of a
     product before multiplying, scales sums by constants): exact up to float64 rounding for
     finite values, but not where inf or NaN occur. A finite result means every value involved
     was finite (barring float64 overflow), so only non-finite results need the body as written:
-    evaluated element-wise at each such point and every summation point, then summed.
+    evaluated element-wise at each such point and every summation point, then summed (in chunks
+    of points, so that their positions stay small).
     """
     flat = out.reshape(-1)
     bad = np.flatnonzero(~np.isfinite(flat))
     if not len(bad):
         return
-    if grid.sampled:
-        points = grid.points[bad]
-    elif out.ndim:
-        points = np.stack(np.unravel_index(bad, out.shape), axis=1)
-    else:
-        points = np.zeros((len(bad), 0), np.int64)
-    values = np.zeros(len(bad))
-    _add_term(Term(1.0, (Factor(scope.body),)), Grid.at_points(scope, points), sources, values)
-    flat[bad] = values
+    chunk = max(1, MAX_ELEMENTS // max(1, out.ndim, grid.points.shape[1] if grid.sampled else 1))
+    term = Term(1.0, (Factor(scope.body),))
+    for start in range(0, len(bad), chunk):
+        part = bad[start:start + chunk]
+        if grid.sampled:
+            points = grid.points[part]
+        elif out.ndim:
+            points = np.stack(np.unravel_index(part, out.shape), axis=1)
+        else:
+            points = np.zeros((len(part), 0), np.int64)
+        values = np.zeros(len(part))
+        _add_term(term, Grid.at_points(scope, points), sources, values, budget, scope)
+        flat[part] = values
 
 
 def _describe(scope: Scope) -> str:
@@ -192,8 +220,9 @@ def _describe(scope: Scope) -> str:
 
 
 def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
-              out: np.ndarray) -> None:
-    """``out += Sum<summation axes> term`` (broadcast over the output axes it does not use)."""
+              out: np.ndarray, budget: Budget, scope: Scope) -> None:
+    """``out += Sum<summation axes> term`` (broadcast over the output axes it does not use);
+    the points of the axes the term uses are charged to ``budget`` first."""
 
     def reader(box: Box):
         return lambda acc: read(sources[acc.source], acc.indices, grid, box)
@@ -207,7 +236,9 @@ def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
         else:  # a constant factor (reads at constant indices, functions of them)
             coef = coef * np.asarray(eval_factor(f, reader(grid.full_box()))).reshape(())
     used = frozenset().union(*(axes for _, axes in factors))
-    mult = math.prod(n for a, n in enumerate(grid.sizes) if grid.is_summed(a) and a not in used)
+    budget.work(math.prod(grid.sizes[a] for a in used), lambda: f"a term of {_describe(scope)}")
+    mult = _as_float(math.prod(n for a, n in enumerate(grid.sizes)
+                               if grid.is_summed(a) and a not in used))
     out_axes = sorted(a for a in used if not grid.is_summed(a))
     if not factors:
         out += coef * mult
@@ -233,3 +264,12 @@ def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
             res = res * post
         target = tuple(slice(*box[a]) for a in range(grid.n_out))
         out[target] += res.reshape(grid.box_shape(box, out_axes)[: grid.n_out])
+
+
+def _as_float(n: int) -> float:
+    """``float(n)``, or inf past the float range (a count of summation points)."""
+    return float(n) if n < 1e308 else math.inf
+
+
+def _names(acc: Access) -> frozenset[str]:
+    return frozenset().union(*(i.vars() for i in acc.indices))
