@@ -35,6 +35,28 @@ test: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q
 
+# `make test-load`: the whole suite while tools/cpu_hog.py keeps every core busy (one
+# busy-looping process per core, started before pytest and stopped when it ends, pass or fail;
+# its processes also exit if the run is interrupted or killed). A check by hand that no test
+# depends on how fast or idle the machine is: expect it to take about twice `make test`'s time
+# on 2 cores. (`make test` itself already runs the tests marked `timing`, the ones of time
+# budgets and measurements, under such a load: tests/conftest.py's `cpu_hog` fixture.)
+.PHONY: test-load
+test-load: $(STAMP)
+	$(PY) -m ruff check src tests
+	$(PY) tools/cpu_hog.py >/dev/null & hog=$$!; \
+	$(PY) -m pytest -q; status=$$?; \
+	kill $$hog; wait $$hog; exit $$status
+
+# `make fuzz`: the fuzzing suite (tests/fuzz) with many generated cases each: malformed
+# expression text, generated graphs through ollie.optimize against eager PyTorch and ONNX
+# Runtime, bad call-time inputs. `make test` runs the same tests with a few cases each.
+# FUZZ_EXAMPLES sets the cases per test (default 300); hypothesis draws fresh ones each run.
+FUZZ_EXAMPLES ?= 300
+.PHONY: fuzz
+fuzz: $(STAMP)
+	OLLIE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/fuzz -p no:cacheprovider
+
 demo: $(STAMP)
 	$(PY) -m ollie demo
 

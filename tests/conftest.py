@@ -1,15 +1,28 @@
-"""Test-suite wide settings: GPU tests skip without CUDA; hypothesis profiles.
+"""Test-suite wide settings: GPU tests skip without CUDA; hypothesis profiles; the
+``cpu_hog`` fixture and the ``timing`` marker.
 
 Hypothesis profile "ci" (deterministic, 50 examples, no deadline) is the default;
 set ``HYPOTHESIS_PROFILE=dev`` for 200 examples per property.
+
+No test may assert what a wall clock allows: a test of a time budget or a measurement injects
+a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests are marked
+``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
+every ``make test`` that their outcome does not depend on how busy the machine is.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+CPU_HOG = Path(__file__).resolve().parent.parent / "tools" / "cpu_hog.py"
 
 settings.register_profile("ci", deadline=None, max_examples=50, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=200)
@@ -32,3 +45,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip_gpu)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "timing: tests a time budget or a measurement (with a fake clock or by "
+        "counting); runs with the cpu_hog fixture: every core kept busy")
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[int]:
+    """Every core kept busy for the duration of the test: ``tools/cpu_hog.py`` runs one
+    busy-looping process per core (yields their number). Stopped when the test ends, passed or
+    failed; its processes also exit by themselves if this one dies."""
+    hog = subprocess.Popen([sys.executable, str(CPU_HOG)], stdout=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL)
+    try:
+        assert hog.stdout is not None
+        line = hog.stdout.readline().split()
+        assert line[:1] == ["ready"], f"{CPU_HOG} did not start: {line}"
+        yield int(line[1])
+    finally:
+        hog.send_signal(signal.SIGTERM)
+        try:
+            hog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            hog.kill()  # its children exit when it is gone
+            hog.wait()
+        if hog.stdout is not None:
+            hog.stdout.close()
+
+
+@pytest.fixture(autouse=True)
+def _timing_under_load(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``timing`` get :func:`cpu_hog`."""
+    if request.node.get_closest_marker("timing") is not None:
+        request.getfixturevalue("cpu_hog")

@@ -10,6 +10,7 @@ import torch
 import ollie
 from ollie.runtime.buffers import BufferCache
 from ollie.runtime.executor import CompiledProgram
+from ollie.testing.clock import stopped_clock
 
 
 def test_buffer_cache_hands_out_only_released_arrays():
@@ -31,7 +32,7 @@ def test_buffer_cache_hands_out_only_released_arrays():
 def test_program_results_kept_by_the_caller_are_not_overwritten():
     expr = ollie.parse("Q: [2, 40, 8]\nK: [2, 40, 8]\n"
                        "L<b=0:2, i=0:40, j=0:9> Sum<k=0:8> Q[b, i, k] * K[b, i + 3*j - 12, k]")
-    res = ollie.derive(expr, max_depth=1, time_budget=20)
+    res = ollie.derive(expr, max_depth=1, time_budget=20, clock=stopped_clock)
     rng = np.random.default_rng(0)
     prog = next(c for c in res.candidates if any(k.kind == "G2BMM" for k in c.kernels))
     from ollie.optimizer.select import candidate_program

@@ -104,6 +104,7 @@ def test_program_matmul_kernel_runs_through_best_product(monkeypatch):
     from ollie.program.program import Program
     from ollie.runtime.executor import CompiledProgram
     from ollie.semantics import interpret
+    from ollie.testing.clock import stopped_clock
 
     used: list[str] = []
     real = linear.best_product
@@ -120,7 +121,7 @@ def test_program_matmul_kernel_runs_through_best_product(monkeypatch):
     expr = ollie.parse("A: [12, 20]\nB: [20, 16]\nL<i=0:12, j=0:16> Sum<k=0:20> A[i, k] * B[k, j]")
     rng = np.random.default_rng(0)
     inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in expr.decls}
-    res = ollie.derive(expr, max_depth=1, time_budget=5)
+    res = ollie.derive(expr, max_depth=1, time_budget=5, clock=stopped_clock)
     cand = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Matmul"])
     prog = Program((("A", (12, 20)),), (cand.output,), list(cand.kernels), {"B": inputs["B"]})
     out = CompiledProgram(prog, "cpu").run({"A": inputs["A"]})[cand.output]

@@ -13,6 +13,7 @@ from ollie.optimizer.select import candidate_program
 from ollie.runtime import onednn
 from ollie.runtime.executor import CompiledProgram
 from ollie.semantics.check import random_inputs
+from ollie.testing.clock import FakeClock, stopped_clock
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
 
@@ -48,7 +49,7 @@ def test_program_with_constant_conv_weight_uses_the_packed_path(monkeypatch):
                        "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
     inputs = random_inputs(expr, seed=3)
     want = ollie.interpret(expr, inputs)
-    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    res = ollie.derive(expr, max_depth=0, time_budget=20, clock=stopped_clock)
     convs = [c for c in res.candidates if any(k.kind == "Conv" for k in c.kernels)]
     assert convs
     built: list[tuple] = []
@@ -162,7 +163,7 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     expr = ollie.parse("A: [1, 4, 6, 6]\nK: [5, 4, 3, 3]\n"
                        "L<n=0:1, f=0:5, h=0:6, w=0:6> Sum<c=0:4, r=0:3, s=0:3> "
                        "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
-    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    res = ollie.derive(expr, max_depth=0, time_budget=20, clock=stopped_clock)
     cand = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"])
     conv = cand.kernels[0]
     relu = ollie.parse(f"{conv.output}: [1, 5, 6, 6]\n"
@@ -190,14 +191,29 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     assert isinstance(k, Kernel) and k.without_activation().params.get("activation") is None
 
 
-def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it():
-    import time
+def _fake_timing(monkeypatch) -> FakeClock:
+    """The measurements (``measure_alternating``) read a fake clock, returned: a function
+    takes the time it advances the clock by."""
+    import functools
+    import importlib
+
+    measure = importlib.import_module("ollie.tune.measure")  # the package exports a function
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "measure_alternating",
+                        functools.partial(measure.measure_alternating, clock=clock))
+    return clock
+
+
+@pytest.mark.timing
+def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it(monkeypatch):
+    clock = _fake_timing(monkeypatch)
 
     def slow(x):
-        time.sleep(0.002)
+        clock.advance(2.0 ** -9)
         return x + 1
 
     def quick(x):
+        clock.advance(2.0 ** -12)
         return x + 1
 
     assert onednn.fastest({"a": slow, "b": quick, "c": None}, (2, 2), key=("t", 1)) is quick
@@ -255,17 +271,18 @@ def _recording(built: list[str]):
     return builder
 
 
-def test_fastest_of_builds_only_the_remembered_choice():
-    import time
-
+@pytest.mark.timing
+def test_fastest_of_builds_only_the_remembered_choice(monkeypatch):
+    clock = _fake_timing(monkeypatch)
     built: list[str] = []
     builder = _recording(built)
 
     def slow(x):
-        time.sleep(0.002)
+        clock.advance(2.0 ** -9)
         return x
 
     def quick(x):
+        clock.advance(2.0 ** -12)
         return x
 
     key = ("fastest_of", 1)
@@ -387,7 +404,7 @@ def test_bias_and_residual_fold_into_a_conv_kernel_and_stay_exact():
     expr = ollie.parse("A: [2, 4, 6, 6]\nK: [5, 4, 3, 3]\n"
                        "L<n=0:2, f=0:5, h=0:6, w=0:6> Sum<c=0:4, r=0:3, s=0:3> "
                        "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
-    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    res = ollie.derive(expr, max_depth=0, time_budget=20, clock=stopped_clock)
     conv = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"]).kernels[0]
     o = conv.output
     epi = ollie.parse(f"{o}: [2, 5, 6, 6]\nB: [5]\nR: [2, 5, 6, 6]\nB2: [5]\n"

@@ -15,6 +15,7 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.runtime import ort_region
 from ollie.runtime.executor import CompiledProgram
+from ollie.testing.clock import stopped_clock
 from ollie.testing.programs import original_program
 
 pytest.importorskip("onnxruntime")
@@ -182,7 +183,7 @@ def test_derived_matmul_and_eoperators_are_part_of_a_region():
                        "L<n=0:2, f=0:5, h=0:9, w=0:7> Sum<c=0:6, r=0:3, s=0:3> "
                        "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
     inputs = random_inputs(expr, seed=3)
-    res = ollie.derive(expr, max_depth=3, time_budget=30)
+    res = ollie.derive(expr, max_depth=3, time_budget=30, clock=stopped_clock)
     cand = next(c for c in res.candidates
                 if {k.kind for k in c.kernels} == {"Matmul", "eOp"})
     first = candidate_program(cand, expr, {"K": inputs["K"]})
@@ -259,7 +260,7 @@ def test_a_library_conv_kernel_with_a_following_operator_is_a_region():
                        "L<n=0:2, f=0:5, h=0:7, w=0:5> Sum<c=0:6, r=0:3, s=0:3> "
                        "A[n, c, h+r, w+s] * K[f, c, r, s]")
     inputs = random_inputs(expr, seed=2)
-    res = ollie.derive(expr, max_depth=0, time_budget=20)
+    res = ollie.derive(expr, max_depth=0, time_budget=20, clock=stopped_clock)
     cand = next(c for c in res.candidates if [k.kind for k in c.kernels] == ["Conv"])
     conv_prog = candidate_program(cand, expr, {"K": inputs["K"]})
     y = conv_prog.outputs[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from ollie.runtime.kernels import discovering, precompile_programs
 from ollie.runtime.precision import tf32
 from ollie.search.candidate import Candidate, Step, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
-from ollie.tune.measure import measure_alternating
+from ollie.tune.measure import Clock, measure_alternating
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
            samples: int = 512, margin: float = MARGIN, rounds: int = 15,
            max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset(),
-           library_variants: bool = False) -> Selection:
+           library_variants: bool = False, clock: Clock = time.perf_counter) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
     ``inputs``) and up to ``limit`` verified candidates (each also with its products kept
     transposed, :func:`transposed_candidate`, where that applies); keep the fastest. Inputs named in
@@ -172,7 +173,10 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     every one of them fixed to each library of :data:`ollie.optimizer.libraries.UNIFORM` (each
     checked too), as ``ollie.optimize`` does for a whole program; otherwise each convolution
     runs the implementation chosen for its configuration alone, with cold caches
-    (:func:`ollie.runtime.onednn.fastest`)."""
+    (:func:`ollie.runtime.onednn.fastest`).
+
+    ``clock``: the time source of the measurement (:func:`~ollie.tune.measure.
+    measure_alternating`'s)."""
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
@@ -216,7 +220,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
                                        strict=True)}
         timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
                                     min_sample=0.01, lead_calls=1,
-                                    hopeless=HOPELESS)
+                                    hopeless=HOPELESS, clock=clock)
         secs = [timed[k] for k in keys]
         if cache is not None:
             for k, t in zip(keys, secs, strict=True):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -81,7 +80,8 @@ class _Search:
         # derivation graph between distinct states (pruning on): state -> children states
         self.edges: dict[int, list[int]] = {}
         self.depth_reached = 0
-        self.start = time.perf_counter()
+        self.clock = config.clock
+        self.start = self.clock()
         self.deadline = self.start + config.time_budget
         # the last part of the budget is kept for verifying the candidates found
         self.search_deadline = self.start + config.time_budget * (1 - VERIFY_SHARE)
@@ -100,7 +100,7 @@ class _Search:
     def out_of_time(self) -> bool:
         """Whether the exploration's share of the budget is spent (and the step since the
         last check, for ``longest_step``)."""
-        now = time.perf_counter()
+        now = self.clock()
         self.longest_step = max(self.longest_step, now - self.last_check)
         self.last_check = now
         return now >= self.search_deadline
@@ -117,7 +117,7 @@ class _Search:
             if self.progress and self.visited % 16 == 0:
                 self.progress(self.stats())
         self.completed = not queue and not self.cut_short
-        self.search_seconds = time.perf_counter() - self.start
+        self.search_seconds = self.clock() - self.start
         slowest = 0.0
         tried = 0
         for cand in _diverse_order(self.found.values()):
@@ -125,12 +125,12 @@ class _Search:
                 break
             # the first that fits in memory is always verified: a search that found programs
             # returns one
-            if tried and self.deadline - time.perf_counter() <= 1.2 * slowest:
+            if tried and self.deadline - self.clock() <= 1.2 * slowest:
                 break
-            t0 = time.perf_counter()
+            t0 = self.clock()
             if self.verify(cand):
                 tried += 1
-            slowest = max(slowest, time.perf_counter() - t0)
+            slowest = max(slowest, self.clock() - t0)
         self.longest_step = max(self.longest_step, slowest)
         result = sorted(self.candidates.values(), key=lambda c: c.cost)
         return DeriveResult(result, self.stats(), self.expr, frozenset(self.found))
@@ -189,7 +189,7 @@ class _Search:
             self.stop = self.stop or self.config.stop_at_target
 
     def _when(self, state: _State) -> dict:
-        return {"seconds": round(time.perf_counter() - self.start, 3), "depth": state.depth,
+        return {"seconds": round(self.clock() - self.start, 3), "depth": state.depth,
                 "states_visited": self.visited}
 
     def verify(self, cand: Candidate) -> bool:
@@ -243,8 +243,8 @@ class _Search:
                 "candidates_found": len(self.found), "rejected": self.rejected,
                 "too_large": self.too_large,
                 "first_found": self.first_found, "unpruned_states": self.unpruned_states(),
-                "seconds": round(time.perf_counter() - self.start, 3),
-                "search_seconds": round(self.search_seconds or time.perf_counter() - self.start, 3),
+                "seconds": round(self.clock() - self.start, 3),
+                "search_seconds": round(self.search_seconds or self.clock() - self.start, 3),
                 "max_depth": self.depth_reached,
                 "longest_step_seconds": round(self.longest_step, 3)}
 
@@ -264,7 +264,9 @@ def _diverse_order(cands) -> list[Candidate]:
 def derive(expr: Expr, max_depth: int = 7, time_budget: float = 60.0,
            config: SearchConfig | None = None,
            progress: Callable[[dict], None] | None = None, **overrides: object) -> DeriveResult:
-    """Hybrid derivation of one expression (API.md ``ollie.derive``)."""
+    """Hybrid derivation of one expression (API.md ``ollie.derive``). ``max_depth`` and
+    ``time_budget`` replace those of ``config``; ``overrides`` replace its other
+    :class:`SearchConfig` fields (e.g. ``clock``, the time source of the budget)."""
     cfg = config or SearchConfig()
     cfg = replace(cfg, max_depth=max_depth, time_budget=time_budget, **overrides)
     with search_scope():

@@ -19,27 +19,34 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+Clock = Callable[[], float]
+"""A time source: seconds from an arbitrary origin, never decreasing (:func:`time.perf_counter`
+by default; tests inject a fake one)."""
+
+
 def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
-            repeats: int = 7, min_seconds: float = 0.0, max_seconds: float = 5.0) -> float:
+            repeats: int = 7, min_seconds: float = 0.0, max_seconds: float = 5.0,
+            clock: Clock = time.perf_counter) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs. Runs at least
-    ``min_seconds`` in total (more repeats for very fast functions) and at most about
-    ``max_seconds`` (fewer repeats for slow ones)."""
+    ``min_seconds`` in total (more repeats for very fast functions, at most 1000 runs) and at
+    most about ``max_seconds`` (fewer repeats for slow ones, at least 3). Every time, the
+    samples and both limits, is read from ``clock``."""
     with torch.inference_mode():
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(warmup):
             fn()
         _sync(device)
-        first = (time.perf_counter() - t0) / max(warmup, 1)
+        first = (clock() - t0) / max(warmup, 1)
         n = repeats
         if first > 0 and first * repeats > max_seconds:
             n = max(3, int(max_seconds / first))
         times = []
-        start = time.perf_counter()
-        while len(times) < n or time.perf_counter() - start < min_seconds:
-            t = time.perf_counter()
+        start = clock()
+        while len(times) < n or clock() - start < min_seconds:
+            t = clock()
             fn()
             _sync(device)
-            times.append(time.perf_counter() - t)
+            times.append(clock() - t)
             if len(times) >= 1000:
                 break
     return statistics.median(times)
@@ -85,7 +92,8 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                         prepare: Callable[[], object] | None = None,
                         lead_calls: int = 0, hopeless: float | None = None,
                         settle: float = 0.0, lead_seconds: float = 0.0,
-                        settle_around: Collection[str] | None = None) -> dict[str, float]:
+                        settle_around: Collection[str] | None = None,
+                        clock: Clock = time.perf_counter) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -131,24 +139,27 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     spinning ONNX Runtime region): settling only after the region timed it 626-639 us against
     356-432 us for oneDNN, so the optimizer kept oneDNN; settling before every sample gave
     314-341 us against 356-359 us, as the model benchmark (settling before every sample)
-    measures the two."""
+    measures the two.
+
+    ``clock``: the time source of every time here (warm-up, samples, ``max_seconds``); the
+    settles sleep real time (:func:`time.sleep`) whatever the clock."""
     with torch.inference_mode(), gc_paused():
         inner: dict[str, int] = {}
         lead: dict[str, int] = {}
         warm: dict[str, float] = {}
         for name, fn in fns.items():
-            t = time.perf_counter()
+            t = clock()
             for _ in range(warmup):
                 fn()
             _sync(device)
-            per = (time.perf_counter() - t) / max(warmup, 1)
+            per = (clock() - t) / max(warmup, 1)
             if hopeless is not None and warmup > 0:
                 # the first calls may build things (a library's choice, a compiled kernel):
                 # the last call alone says how fast the function is
-                t = time.perf_counter()
+                t = clock()
                 fn()
                 _sync(device)
-                warm[name] = time.perf_counter() - t
+                warm[name] = clock() - t
             inner[name] = max(1, min(1000, int(min_sample / per))) if per > 0 and \
                 prepare is None else 1
             lead[name] = max(lead_calls, min(10000, math.ceil(lead_seconds / per))) \
@@ -162,7 +173,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                     times[name].append(per)
                     order.remove(name)
         rng = random.Random(seed)
-        start = time.perf_counter()
+        start = clock()
         previous = list(fns)[-1] if fns else None  # the last one warmed up
         for r in range(rounds):
             if shuffle:
@@ -179,12 +190,12 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                     fn()
                 previous = name
                 _sync(device)
-                t = time.perf_counter()
+                t = clock()
                 for _ in range(n):
                     fn()
                 _sync(device)
-                times[name].append((time.perf_counter() - t) / n)
-            if r >= 2 and time.perf_counter() - start > max_seconds:
+                times[name].append((clock() - t) / n)
+            if r >= 2 and clock() - start > max_seconds:
                 break
     return {name: statistics.median(ts) for name, ts in times.items()}
 
