@@ -177,7 +177,7 @@ def test_gpu_kernel_refuses_cpu_tensors(cache_dir):
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
     kernel = compile_cuda("A: [3]\nL<i=0:3> A[2 - i] * 3", interpret=True)
-    assert kernel.path.parent == tmp_path
+    assert kernel.path.parent == tmp_path / "kernels"  # as the CPU kernels
     np.testing.assert_allclose(kernel({"A": torch.tensor([1.0, 2.0, 3.0])}).numpy(),
                                [9.0, 6.0, 3.0])
 

@@ -1,26 +1,35 @@
 """The on-disk kernel cache: generated modules written once, imported through importlib.
 
-A kernel module lives at ``<cache dir>/kernels/ollie_<fingerprint>_<decls>.py`` where
-``fingerprint`` is :func:`ollie.fingerprint` of the expression (identifies it up to iterator
-renaming, summation order and commutative operands) and ``decls`` a short digest of the declared
-input names and shapes and :data:`CODEGEN_VERSION` (the generated code binds inputs by name).
-The module stores the expression's canonical form; a file whose canonical form differs (a digest
-collision) is never used for another expression: the kernel then goes to a file named by the
-digest of the full canonical form.
+A kernel module lives at ``<cache dir>/kernels/ollie_<text>_<decls>.py`` where ``text`` is
+a digest of the expression's exact text (:func:`text_key`) and ``decls`` a short digest of the
+declared input names and shapes and :data:`CODEGEN_VERSION` (the generated code binds inputs by
+name). The module stores the expression's canonical form; a file whose canonical form differs
+(a digest collision) is never used for another expression: the kernel then goes to a file
+named by the digest of the full canonical form.
 
-Files are written atomically and never rewritten: numba's ``cache=True`` keeps its machine code
-in ``__pycache__`` beside the module, stamped with the file's text (a SHA-256 of it in numba
-0.68; older versions used the modification time), so a second process importing the same
-module loads compiled code instead of compiling.
+Files are written atomically and not rewritten while they hold generated code: numba's
+``cache=True`` keeps its machine code in ``__pycache__`` beside the module, stamped with the
+file's text (a SHA-256 of it in numba 0.68; older versions used the modification time), so a
+second process importing the same module loads compiled code instead of compiling.
 
-The cache directory is ``$OLLIE_CACHE_DIR/kernels`` when that variable is set, else
-``~/.cache/ollie/kernels``; callers may pass one explicitly.
+Nothing in the directory is imported on its name alone: :func:`load_module` imports a module
+only when its text is one the code generator produces for that key (the caller says which,
+``accept``); a file holding anything else, a line appended included, is logged, replaced by
+freshly generated code and never imported. numba's compiled code in ``__pycache__`` is trusted
+as Python trusts ``.pyc`` files: the directory must be private to the user
+(:mod:`ollie.cachedir`).
+
+The cache directory is ``kernels`` under :func:`ollie.cachedir.cache_root`
+(``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie``, when private and writable); callers may pass one
+explicitly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
@@ -28,21 +37,29 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from ollie.cachedir import cache_root, checked_dir
+
+log = logging.getLogger(__name__)
+
 CODEGEN_VERSION = 24
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 
 def default_cache_dir() -> Path:
-    """``$OLLIE_CACHE_DIR/kernels`` or ``~/.cache/ollie/kernels``."""
-    root = os.environ.get("OLLIE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "ollie"
-    return base / "kernels"
+    """``kernels`` under the cache directory (:func:`ollie.cachedir.cache_root`), checked to
+    be private and writable like it (else a private temporary one)."""
+    return checked_dir(cache_root() / "kernels")
 
 
 def decls_key(decls: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     """Short digest of declared names and shapes and the code generator version."""
     text = f"v{CODEGEN_VERSION};" + ";".join(f"{n}:{list(s)}" for n, s in decls)
     return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def text_key(text: str) -> str:
+    """Digest of an expression's exact text (the file key of its kernel module)."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def full_key(canonical: str) -> str:
@@ -115,23 +132,81 @@ def unload_path(path: Path) -> None:
 
 
 def load_module(directory: Path, stem: str, canonical: str, fallback_stem: str,
-                generate: Callable[[Path], str]) -> tuple[ModuleType, bool]:
+                generate: Callable[[Path], str],
+                accept: Callable[[str], bool] | None = None) -> tuple[ModuleType, bool]:
     """Import the kernel module ``stem`` from ``directory``, generating it when absent.
 
     ``generate(path)`` returns the text to write at ``path`` (it may also leave numba's
     compiled code for that text in ``path``'s ``__pycache__``, :func:`adopt_numba_cache`).
-    Returns the module and whether it was already on disk. A module whose ``CANONICAL``
-    differs from ``canonical`` is not used; ``fallback_stem`` names the file used instead.
+    ``accept(text)``: whether ``text`` is one the generator produces for this module (default:
+    the text ``generate`` would write, which is then generated to compare); a file holding
+    another text is replaced by a generated one, never imported. Returns the module and
+    whether it was already on disk. A module whose ``CANONICAL`` differs from ``canonical``
+    (a digest collision) is not used; ``fallback_stem`` names the file used instead.
     """
     for name in (stem, fallback_stem):
         path = directory / f"{name}.py"
         existed = path.exists()
-        if not existed:
+        if existed:
+            text = _read(path)
+            if text is None or f"CANONICAL = {canonical!r}\n" not in text:
+                continue
+            ok = accept(text) if accept is not None else text == generate(path)
+            if not ok:
+                log.warning("kernel cache file %s does not hold the code Ollie generates for "
+                            "it: replaced, not imported", path)
+                _replace(path, generate(path))
+                existed = False
+        else:
             write_once(path, generate(path))
-        if f"CANONICAL = {canonical!r}\n" not in path.read_text():
+        text = _read(path)
+        if text is None or f"CANONICAL = {canonical!r}\n" not in text:
             continue
         mod = _import(path)
         if getattr(mod, "CANONICAL", None) == canonical:
             return mod, existed
     raise RuntimeError(f"kernel cache file {directory / fallback_stem}.py does not hold the "
                        "expected expression; delete it")
+
+
+def ensure_text(path: Path, text: str) -> bool:
+    """Make the file at ``path`` hold ``text``: written when absent; another text there that
+    names the same ``CANONICAL`` (tampered with, or a stale form) is replaced. False when the
+    file names another expression (a digest collision: the caller uses its fallback)."""
+    if write_once(path, text):
+        return True
+    old = _read(path)
+    if old == text:
+        return True
+    canonical = next((line for line in text.splitlines() if line.startswith("CANONICAL = ")),
+                     None)
+    if old is not None and canonical is not None and f"{canonical}\n" not in old:
+        return False
+    log.warning("kernel cache file %s does not hold the code Ollie generates for it: "
+                "replaced, not imported", path)
+    _replace(path, text)
+    return True
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically over what is there, and drop numba's code for
+    the old text."""
+    for f in sorted((path.parent / "__pycache__").glob(f"{path.stem}.*")):
+        with contextlib.suppress(OSError):
+            f.unlink()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        tmp = ""
+    finally:
+        if tmp:
+            os.unlink(tmp)

@@ -8,8 +8,9 @@ interval of the innermost traversal loop, clamped summation loops, how the leadi
 fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the Python source
 (``@njit(parallel=True, fastmath=False, cache=True)`` functions with explicit signatures, so
 they are compiled, or loaded from numba's cache, when the module is imported);
-:mod:`~ollie.codegen.cache` stores it on disk by fingerprint and imports it. A single affine
-read summed through a unimodular index map also has a *scatter* form
+:mod:`~ollie.codegen.cache` stores it on disk under a digest of the expression's text and
+imports it once its text is checked to be one this module generates for the expression. A
+single affine read summed through a unimodular index map also has a *scatter* form
 (:mod:`~ollie.codegen.scatter`: loop over the input, add into the output);
 :func:`choose_source` times both forms once and the faster one is stored (with the code numba
 compiled for its trial, so it is not compiled again).
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ollie.cachedir import checked_dir
 from ollie.codegen.analysis import FLOAT64_TERMS, PARALLEL_MIN_POINTS, NestInfo, analyse
 from ollie.codegen.cache import (
     adopt_numba_cache,
@@ -48,6 +50,7 @@ from ollie.codegen.cache import (
     full_key,
     load_module,
     load_path,
+    text_key,
     unload_path,
 )
 from ollie.codegen.emit import emit_module
@@ -277,14 +280,17 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
     canonical = canonical_form(expr)
     stem = module_stem(expr)
     fallback = f"ollie_{full_key(canonical)}_{decls_key(expr.decls)}"
+    def accept(text: str) -> bool:  # a form this code generator writes for expr
+        return text in source_forms(expr, canonical).values()
+
     try:
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda path: choose_source(expr, canonical, path))
-    except OSError as exc:  # unwritable cache directory: use a private temporary one
-        directory = Path(tempfile.gettempdir()) / f"ollie-kernels-{os.getuid()}"
+                                      lambda path: choose_source(expr, canonical, path), accept)
+    except OSError as exc:  # the cache directory failed: a private temporary one instead
+        directory = checked_dir(Path(tempfile.mkdtemp(prefix="ollie-kernels-")))
         log.warning("kernel cache %s unusable (%s); using %s", key[1], exc, directory)
         module, existed = load_module(directory, stem, canonical, fallback,
-                                      lambda path: choose_source(expr, canonical, path))
+                                      lambda path: choose_source(expr, canonical, path), accept)
     seconds = time.perf_counter() - start
     kernel = CpuKernel(expr, module, Path(module.__file__), existed, seconds)
     log.debug("compiled eOp %s in %.2fs (%s)", stem, seconds,
@@ -294,8 +300,11 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
 
 
 def module_stem(expr: Expr) -> str:
-    """The file stem of ``expr``'s kernel module in the cache directory."""
-    return f"ollie_{fingerprint(expr)}_{decls_key(expr.decls)}"
+    """The file stem of ``expr``'s kernel module in the cache directory: a digest of the
+    expression's exact text (iterator names included), so that the module text is one of
+    :func:`source_forms` of ``expr`` and can be checked before it is imported
+    (:func:`ollie.codegen.cache.load_module`), and of its declarations."""
+    return f"ollie_{text_key(format_expr(expr))}_{decls_key(expr.decls)}"
 
 
 def is_loaded(expr: Expr, cache_dir: Path) -> bool:

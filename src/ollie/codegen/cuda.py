@@ -4,8 +4,8 @@
 or materialised first into temporaries), generates their Triton source
 (:mod:`ollie.codegen.cuda_emit`: one program per block of output elements, summation loops
 inside, zero padding as masked loads), writes it to the kernel cache directory
-(``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie/kernels``; Triton's ``@jit`` needs a real source
-file), imports it and returns a :class:`CompiledKernel`:
+(:func:`kernel_cache_dir`; Triton's ``@jit`` needs a real source file; a file there is used
+only when it holds exactly the generated source), imports it and returns a :class:`CompiledKernel`:
 
     kernel = compile_cuda(expr)
     y = kernel({"A": a, "B": b})          # float32 torch tensors on one device
@@ -60,9 +60,12 @@ def interpret_mode() -> bool:
 
 
 def kernel_cache_dir() -> Path:
-    """Where generated kernel sources are written."""
-    env = os.environ.get("OLLIE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "ollie" / "kernels"
+    """Where generated kernel sources are written (:func:`ollie.codegen.cache.
+    default_cache_dir`); a file there is imported only when it holds exactly the source
+    generated for it."""
+    from ollie.codegen.cache import default_cache_dir
+
+    return default_cache_dir()
 
 
 def _as_expr(expr: Expr | str) -> Expr:

@@ -149,8 +149,8 @@ def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
 def program_digest(prog: Program) -> str:
     """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
     doc = json.dumps([prog.inputs, prog.outputs,
-                      [{k: v for k, v in kernel_to_json(kn).items() if k != "node"}
-                       for kn in prog.kernels]], sort_keys=True)
+                      [kernel_to_json(kn, with_node=False) for kn in prog.kernels]],
+                     sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 

@@ -5,13 +5,15 @@ switched on in the whole program (:class:`Alternative`, :func:`switched_on`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
+from ollie.errors import OllieError
 from ollie.optimizer.final import ORIGINAL
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
@@ -60,11 +62,15 @@ class OptimizedModel:
         self._compiled = CompiledProgram(self.program, self.device)
 
     def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The program's output(s) for ``inputs``, one per model input: tensors (or numpy
+        arrays) of the example inputs' shapes on :attr:`device`, float32 or converted to it;
+        anything else raises :class:`~ollie.errors.ShapeError` naming the input
+        (:meth:`ollie.runtime.executor.CompiledProgram.__call__`)."""
         return self._compiled(*inputs)
 
     def save(self, path: str | Path) -> None:
-        import json
-
+        """Write the program (:meth:`ollie.program.program.Program.save`) and its report into
+        the folder ``path``; :func:`load` reads them back."""
         self.program.save(path)
         (Path(path) / "report.json").write_text(json.dumps(
             {"report": [r.to_json() for r in self.report], "notes": self.notes}, indent=1))
@@ -85,16 +91,12 @@ class OptimizedModel:
 
 
 def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
-    """Load a program saved by :meth:`OptimizedModel.save`."""
-    import json
-
+    """Load a program saved by :meth:`OptimizedModel.save`: validated, nothing from the folder
+    executed (:meth:`ollie.program.program.Program.load`). A malformed report is ignored with a
+    warning (the program does not depend on it); fields of the report this version does not
+    know are skipped."""
     prog = Program.load(path)
-    report, notes = [], []
-    rp = Path(path) / "report.json"
-    if rp.exists():
-        doc = json.loads(rp.read_text())
-        report = [SubprogramReport(**r) for r in doc.get("report", [])]
-        notes = doc.get("notes", [])
+    report, notes = _read_report(Path(path) / "report.json")
     unpinned = unpinned_kernels(prog)
     if torch.device(device).type == "cuda" and unpinned:
         # optimised on the CPU, or saved before launch configurations were kept
@@ -104,7 +106,47 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
                 "with what the autotuner picks")
         log.warning("%s: %s", path, note)
         notes = [*notes, note]
-    return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+    try:
+        return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+    except OllieError:
+        raise
+    except Exception as exc:  # a well-formed program whose kernels cannot be built here
+        raise OllieError(f"{path}: the saved program cannot be built "
+                         f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+
+
+REPORT_FIELDS = {f.name: f for f in fields(SubprogramReport)}
+
+
+def _read_report(path: Path) -> tuple[list[SubprogramReport], list[str]]:
+    """The report and notes saved in ``report.json`` (none when absent or malformed)."""
+    if not path.exists():
+        return [], []
+    try:
+        doc = json.loads(path.read_bytes())
+        entries, notes = doc.get("report", []), doc.get("notes", [])
+        if not isinstance(entries, list) or not isinstance(notes, list):
+            raise ValueError("'report' and 'notes' must be lists")
+        report = [_report_entry(r) for r in entries]
+        return report, [str(n) for n in notes]
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        log.warning("%s: report not read (%s); the program is loaded without it", path,
+                    str(exc)[:200])
+        return [], []
+
+
+def _report_entry(doc: object) -> SubprogramReport:
+    if not isinstance(doc, dict):
+        raise ValueError("a report entry must be an object")
+    known = {k: v for k, v in doc.items() if k in REPORT_FIELDS}
+    entry = SubprogramReport(**known)
+    for name in ("node", "op", "original", "chosen"):
+        if not isinstance(getattr(entry, name), str):
+            raise ValueError(f"report field '{name}' must be text")
+    for name in ("original_ms", "optimized_ms"):
+        if not isinstance(getattr(entry, name), (int, float)):
+            raise ValueError(f"report field '{name}' must be a number")
+    return entry
 
 
 def unpinned_kernels(prog: Program) -> list[str]:

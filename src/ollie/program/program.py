@@ -3,25 +3,39 @@
 Programs are what candidates, subprogram optimisations and optimised models become; they are
 post-processed (:mod:`ollie.program.postprocess`), executed (:mod:`ollie.runtime.executor`)
 and saved / loaded here. The file format is a folder holding ``program.json`` (structure;
-each kernel's expression as text, re-parsed on load) and ``constants.npz``.
+each kernel as data, its expression as text re-parsed on load: :mod:`ollie.program.serialize`)
+and ``constants.npz`` (numpy arrays, read without pickle). Loading validates everything it
+reads (:meth:`Program.validate`) and executes nothing from the folder.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import pickle
-from collections.abc import Mapping
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ollie.errors import OllieError
-from ollie.ir import format_expr, parse
-from ollie.program.kernel import Kernel, View
+from ollie.program.kernel import Kernel
+from ollie.program.serialize import (
+    FormatError,
+    kernel_from_json,
+    kernel_to_json,
+    name_of,
+    shape_of,
+)
+from ollie.program.validate import validate_program
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version of the saved form. 2: graph operators as JSON data (:mod:`ollie.program.serialize`).
+Version 1 programs load when they hold no graph operator (version 1 pickled those: such a
+program is refused, with how to save it again)."""
+
+MAX_PROGRAM_BYTES = 64 << 20
+"""Largest ``program.json`` :meth:`Program.load` reads (the constants are in
+``constants.npz``)."""
 
 
 def constant_array(value: object) -> np.ndarray:
@@ -76,61 +90,100 @@ class Program:
         return " -> ".join(k.kind if k.kind != "eOp" else f"eOp{list(k.output_shape)}"
                            for k in self.kernels)
 
+    def validate(self) -> None:
+        """:meth:`check`, and that every kernel reads tensors of the shapes it declares, its
+        views lie within them, its parameters agree with them and a graph operator's declared
+        output shapes are the ones it computes (:func:`ollie.program.validate.validate_program`).
+        Raises :class:`~ollie.errors.OllieError` naming the kernel."""
+        self.check()
+        validate_program(self)
+
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
+        """Write ``program.json`` (structure, kernels as data: :mod:`ollie.program.serialize`)
+        and ``constants.npz`` into the folder ``path``."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         doc = {"format": FORMAT_VERSION, "inputs": [[n, list(s)] for n, s in self.inputs],
                "outputs": list(self.outputs),
                "kernels": [kernel_to_json(k) for k in self.kernels]}
-        (path / "program.json").write_text(json.dumps(doc, indent=1))
+        text = json.dumps(doc, indent=1, allow_nan=False)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "program.json").write_text(text)
         np.savez(path / "constants.npz", **self.constants)
 
     @classmethod
     def load(cls, path: str | Path) -> Program:
+        """The program saved in folder ``path``, validated (:meth:`validate`). Nothing from the
+        folder is executed or imported; a malformed, tampered or unknown one raises
+        :class:`~ollie.errors.OllieError` naming the file and the field."""
         path = Path(path)
+        where = path / "program.json"
         try:
-            doc = json.loads((path / "program.json").read_text())
-            with np.load(path / "constants.npz") as z:
-                constants = {n: z[n] for n in z.files}
-        except (OSError, ValueError) as exc:
-            raise OllieError(f"{path}: not a saved Ollie program ({exc})") from None
-        if doc.get("format") != FORMAT_VERSION:
-            raise OllieError(f"{path}: unsupported program format {doc.get('format')}")
-        prog = cls(tuple((n, tuple(s)) for n, s in doc["inputs"]), tuple(doc["outputs"]),
-                   [kernel_from_json(k) for k in doc["kernels"]], constants)
-        prog.check()
+            if where.stat().st_size > MAX_PROGRAM_BYTES:
+                raise FormatError(f"{where}: larger than {MAX_PROGRAM_BYTES} bytes")
+            doc = json.loads(where.read_bytes())
+        except OSError as exc:
+            raise OllieError(f"{path}: not a saved Ollie program ({exc.strerror or exc})"
+                             ) from None
+        except (ValueError, RecursionError) as exc:
+            raise FormatError(f"{where}: not valid JSON ({str(exc)[:100]})") from None
+        prog = cls(*_structure(doc, where), _constants(path / "constants.npz"))
+        try:
+            prog.validate()
+        except OllieError as exc:
+            raise FormatError(f"{where}: {exc}") from None
         return prog
 
 
-def kernel_to_json(k: Kernel) -> dict:
-    params = {p: v for p, v in k.params.items() if _jsonable(v)}
-    doc = {"kind": k.kind, "params": params, "inputs": list(k.inputs), "output": k.output,
-           "expr": None if k.expr is None else format_expr(k.expr),
-           "views": [None if v is None else [v.offset, list(v.sizes), list(v.strides)]
-                     for v in k.views],
-           "shape": None if k.shape is None else list(k.shape)}
-    if k.kind == "Node":
-        # the graph node (its attributes may hold torch callables or ONNX protos): pickled;
-        # load programs only from sources you trust, as with any pickle
-        doc["node"] = base64.b64encode(pickle.dumps(k.params["node"])).decode()
-    return doc
-
-
-def kernel_from_json(d: Mapping) -> Kernel:
-    views = tuple(None if v is None else View(v[0], tuple(v[1]), tuple(v[2]))
-                  for v in d.get("views", ()))
-    params = dict(d["params"])
-    if d["kind"] == "Node":
-        params["node"] = pickle.loads(base64.b64decode(d["node"]))
-    return Kernel(d["kind"], params, tuple(d["inputs"]), d["output"],
-                  None if d["expr"] is None else parse(d["expr"]), views,
-                  None if d.get("shape") is None else tuple(d["shape"]))
-
-
-def _jsonable(v: object) -> bool:
+def _structure(doc: object, where: Path) -> tuple[tuple, tuple[str, ...], list[Kernel]]:
+    """Inputs, outputs and kernels of a ``program.json`` document."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where}: expected a JSON object")
+    version = doc.get("format")
+    if version not in (1, FORMAT_VERSION):
+        raise FormatError(f"{where}: unsupported program format {version!r} (this Ollie reads "
+                          f"formats 1 and {FORMAT_VERSION}); optimize the model again and save it")
+    kernels = doc.get("kernels")
+    if not isinstance(kernels, list):
+        raise FormatError(f"{where}: 'kernels' must be a list")
+    if version == 1 and any(isinstance(k, dict) and "node" in k for k in kernels):
+        raise FormatError(f"{where}: a format 1 program stores graph operators as pickles, "
+                          "which Ollie does not load (they can run arbitrary code); optimize the "
+                          "model again with this version of Ollie and save it")
     try:
-        json.dumps(v)
-    except (TypeError, ValueError):
-        return False
-    return True
+        inputs = tuple((name_of(n, f"{where}: inputs"), shape_of(s, f"{where}: inputs"))
+                       for n, s in _pairs(doc.get("inputs"), where))
+        outputs = doc.get("outputs")
+        if not isinstance(outputs, list):
+            raise FormatError(f"{where}: 'outputs' must be a list")
+        outputs = tuple(name_of(n, f"{where}: outputs") for n in outputs)
+        return inputs, outputs, [kernel_from_json(k, f"{where}: kernels[{i}]")
+                                 for i, k in enumerate(kernels)]
+    except RecursionError:
+        raise FormatError(f"{where}: nested too deeply") from None
+
+
+def _pairs(v: object, where: Path) -> list[tuple[object, object]]:
+    if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
+        raise FormatError(f"{where}: 'inputs' must be a list of [name, shape] pairs")
+    return [(p[0], p[1]) for p in v]
+
+
+def _constants(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of ``constants.npz`` (numpy's format, read without pickle)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {}
+            for n in z.files:
+                a = z[n]
+                if a.dtype.kind not in "biuf":
+                    raise FormatError(f"{path}: constant '{n}' has element type {a.dtype}")
+                out[name_of(n, f"{path}: constants")] = a
+            return out
+    except OSError as exc:
+        raise OllieError(f"{path}: cannot read the program's constants ({exc})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated, malformed
+        raise FormatError(f"{path}: not a valid constants archive ({str(exc)[:100]})") from None
+
+
+__all__ = ["FORMAT_VERSION", "Program", "constant_array", "kernel_from_json", "kernel_to_json"]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ollie.errors import UnsupportedError
+from ollie.errors import ShapeError, UnsupportedError
 from ollie.ir import Expr
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
@@ -365,9 +365,15 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     if node.op == "Softmax" and not residual and not act and not extra:  # type: ignore
         return _softmax_fn(node)
 
+    declared = [tuple(s) for s in dict(node.attrs).get("output_shapes") or ()]  # type: ignore
+    declared = declared[1:] if len(declared) == 1 + len(extra) else [None] * len(extra)
+
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         outs = run_node(node, [env[n] for n in ins])  # type: ignore[arg-type]
-        for name, t in zip(extra, outs[1:], strict=True):
+        for name, t, want in zip(extra, outs[1:], declared, strict=True):
+            if want is not None and tuple(t.shape) != want:  # later kernels trust it
+                raise ShapeError(f"operator '{node.name}' output '{name}' has shape "  # type: ignore
+                                 f"{list(t.shape)}, declared {list(want)}")
             env[name] = t
         y = outs[0]
         if skip is not None:

@@ -371,7 +371,7 @@ def _module(kind: str, m: int, r: int, cb: int):
     if mod is None:
         _configure_numba()
         mod, _ = load_module(default_cache_dir(), stem, canonical, f"{stem}_b",
-                             lambda _path: _source(kind)(m, r, cb, canonical))
+                             lambda _path: _source(kind)(m, r, cb, canonical))  # compared
         _MODULES[canonical] = mod
     return mod
 
@@ -407,7 +407,7 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
     numba's cache, which the first call then loads. Returns how many modules were compiled. A
     convolution's candidates need two to four (input and output transform per tile size),
     ~5 s per signature to compile on the 2-core VM."""
-    from ollie.codegen.cache import default_cache_dir, write_once
+    from ollie.codegen.cache import default_cache_dir, ensure_text
     from ollie.codegen.precompile import compile_side_by_side, compiled, enabled
 
     if not enabled():
@@ -421,8 +421,7 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
         if canonical in _MODULES:
             continue
         try:
-            write_once(path, _source(kind)(m, r, cb, canonical))
-            if f"CANONICAL = {canonical!r}\n" not in path.read_text():
+            if not ensure_text(path, _source(kind)(m, r, cb, canonical)):
                 continue  # another text under this name: load_module uses the fallback
         except OSError as exc:  # an unwritable cache: the modules compile when used
             log.warning("Winograd transforms not compiled ahead: %s", exc)

@@ -9,6 +9,9 @@ re-optimisation skips the search altogether.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import os
 import platform
 import sqlite3
@@ -17,11 +20,15 @@ from pathlib import Path
 
 import torch
 
+from ollie.cachedir import cache_root
+
+log = logging.getLogger(__name__)
+
 
 def default_cache_dir() -> Path:
-    """``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie``."""
-    env = os.environ.get("OLLIE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "ollie"
+    """The cache directory (:func:`ollie.cachedir.cache_root`: ``$OLLIE_CACHE_DIR`` or
+    ``~/.cache/ollie`` when private and writable)."""
+    return cache_root()
 
 
 RUNTIME_VERSION = 22
@@ -59,44 +66,103 @@ def device_key(device: str) -> str:
 
 
 class CostCache:
-    """``get(key)`` / ``put(key, seconds)`` backed by an SQLite file (or memory)."""
+    """``get(key)`` / ``put(key, seconds)`` backed by an SQLite file (or memory).
+
+    A cache that cannot be used (a corrupt or truncated file, a read-only or missing
+    directory, a path under a regular file, a database locked past :data:`TIMEOUT`) never
+    stops the optimizer: the cache logs one warning naming the file and why, then keeps what it
+    learns in memory for the rest of the process (:attr:`degraded` says why). Several
+    processes may share one file (SQLite's locking; a writer waits up to :data:`TIMEOUT`)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         if path is None:
             path = default_cache_dir() / "costs.sqlite"
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = str(path)
-        self.db = sqlite3.connect(self.path)
-        self.db.execute("CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, "
-                        "seconds REAL NOT NULL, created REAL NOT NULL)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS decisions (key TEXT PRIMARY KEY, "
-                        "doc TEXT NOT NULL, created REAL NOT NULL)")
-        self.db.commit()
+        self.degraded: str | None = None
         self.hits = self.misses = 0
+        try:
+            self.db = self._open(self.path)
+        except (sqlite3.Error, OSError) as exc:
+            self.db = self._fallback(exc)
+
+    @staticmethod
+    def _open(path: str) -> sqlite3.Connection:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=TIMEOUT)
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, "
+                       "seconds REAL NOT NULL, created REAL NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS decisions (key TEXT PRIMARY KEY, "
+                       "doc TEXT NOT NULL, created REAL NOT NULL)")
+            db.commit()
+            db.execute("SELECT count(*) FROM costs").fetchone()  # a corrupt file fails here
+            db.execute("SELECT count(*) FROM decisions").fetchone()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _fallback(self, exc: BaseException) -> sqlite3.Connection:
+        """Switch to an in-memory cache after ``exc``, with one warning."""
+        if self.degraded is None:
+            self.degraded = f"{type(exc).__name__}: {exc}"
+            log.warning("cost cache %s is not usable (%s); measurements and decisions are kept "
+                        "in memory for this run (delete the file if it is corrupt)", self.path,
+                        self.degraded)
+        return self._open(":memory:")
+
+    def _run(self, sql: str, args: tuple, write: bool = False) -> tuple | None:
+        """One statement (committed when ``write``); on a failure of the file, the same in
+        the in-memory fallback."""
+        for _ in range(2):
+            try:
+                row = self.db.execute(sql, args).fetchone()
+                if write:
+                    self.db.commit()
+                return row
+            except sqlite3.Error as exc:
+                if self.degraded is not None:
+                    raise
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.close()
+                self.db = self._fallback(exc)
+        return None
 
     def get(self, key: str) -> float | None:
-        row = self.db.execute("SELECT seconds FROM costs WHERE key = ?", (key,)).fetchone()
-        if row is None:
+        row = self._run("SELECT seconds FROM costs WHERE key = ?", (key,))
+        value = _number(row[0]) if row is not None else None
+        if value is None:
             self.misses += 1
             return None
         self.hits += 1
-        return float(row[0])
+        return value
 
     def put(self, key: str, seconds: float) -> None:
-        self.db.execute("INSERT OR REPLACE INTO costs VALUES (?, ?, ?)",
-                        (key, float(seconds), time.time()))
-        self.db.commit()
+        self._run("INSERT OR REPLACE INTO costs VALUES (?, ?, ?)",
+                  (key, float(seconds), time.time()), write=True)
 
     def get_decision(self, key: str) -> str | None:
-        """A stored decision document (JSON text), e.g. a subprogram's chosen program."""
-        row = self.db.execute("SELECT doc FROM decisions WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        """A stored decision document (JSON text), e.g. a subprogram's chosen program. The
+        caller validates it before using it (a cache file is not trusted to be well formed)."""
+        row = self._run("SELECT doc FROM decisions WHERE key = ?", (key,))
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     def put_decision(self, key: str, doc: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
-                        (key, doc, time.time()))
-        self.db.commit()
+        self._run("INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
+                  (key, doc, time.time()), write=True)
 
     def close(self) -> None:
-        self.db.close()
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+
+TIMEOUT = 30.0
+"""Seconds a statement waits for another process's lock on the cache file."""
+
+
+def _number(v: object) -> float | None:
+    """A stored time: a finite, non-negative number, else None (a malformed row)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+        return float(v)
+    return None
