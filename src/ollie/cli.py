@@ -1,20 +1,27 @@
 """The ``ollie`` command line: argument parsing and dispatch to the subcommands.
 
 Only the CLI reads flags or the environment; the library takes explicit configuration.
-Errors derived from `ollie.errors.OllieError` become a one-line message and exit status 2.
+Errors derived from `ollie.errors.OllieError` become a one-line message and exit status 2; any
+other error (a bug) a one-line message and exit status 1 (``OLLIE_DEBUG=1`` shows its
+traceback); an interrupt exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from ollie.errors import OllieError
 
 EXIT_OK = 0
+EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+DEBUG_ENV = "OLLIE_DEBUG"
+"""Set (to anything) to see the traceback of an internal error instead of one line."""
 
 _SUBCOMMANDS: dict[str, str] = {
     "demo": "run a small end-to-end demonstration",
@@ -83,3 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"ollie: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("ollie: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug in Ollie: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        text = " ".join(str(exc).split())[:300]
+        print(f"ollie: internal error: {type(exc).__name__}{': ' + text if text else ''} "
+              f"(set {DEBUG_ENV}=1 for the traceback; please report it)", file=sys.stderr)
+        return EXIT_INTERNAL

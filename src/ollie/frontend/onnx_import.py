@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ollie.errors import OllieError, UnsupportedError
+from ollie.errors import OllieError, ShapeError, UnsupportedError
 from ollie.frontend.builder import GraphBuilder
 from ollie.frontend.onnx_fold import NONDETERMINISTIC, fold_node
 from ollie.frontend.onnx_ops import CONVERTERS, Fallback
@@ -35,16 +35,21 @@ from ollie.graph.opaque import onnx_opaque_attrs, run_onnx_node
 log = logging.getLogger(__name__)
 
 
-def _load(model: Any) -> tuple[Any, str]:
+def load_onnx(model: Any) -> tuple[Any, str]:
+    """``(onnx.ModelProto, source)`` of a path, bytes or ModelProto; ``source`` names the
+    model in error messages (the path, ``<bytes>`` or ``<ModelProto NAME>``). An unreadable
+    file raises :class:`~ollie.errors.OllieError`."""
     import onnx
 
     if isinstance(model, onnx.ModelProto):
-        return model, f"<ModelProto {model.graph.name or 'graph'}>"
+        source = f"<ModelProto {model.graph.name or 'graph'}>"
+        return checked_model(model, source), source
     if isinstance(model, (bytes, bytearray)):
         try:
-            return onnx.load_from_string(bytes(model)), "<bytes>"
+            proto = onnx.load_from_string(bytes(model))
         except Exception as e:
             raise OllieError(f"<bytes>: not a valid ONNX model ({_line(e)})") from None
+        return checked_model(proto, "<bytes>"), "<bytes>"
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_file():
@@ -55,9 +60,50 @@ def _load(model: Any) -> tuple[Any, str]:
             raise OllieError(f"{path}: not a valid ONNX model ({_line(e)})") from None
         if not proto.graph.node and not proto.graph.output:
             raise OllieError(f"{path}: not a valid ONNX model (empty graph)")
-        return proto, str(path)
+        return checked_model(proto, str(path)), str(path)
     raise OllieError(f"from_onnx expects a path, bytes or an onnx.ModelProto, got "
                      f"{type(model).__name__}")
+
+
+def checked_model(proto: Any, source: str) -> Any:
+    """``proto`` after the checks ONNX Runtime would make before running it: the graph has
+    outputs; its default-domain opset is one this ``onnx`` package knows (a newer one's
+    operators may mean something else); every node passes ONNX's node checker (its operator is
+    registered in an imported domain, its attributes are the schema's, each once, of the
+    right types; operators of a custom domain are not checked against a schema); every
+    initializer's data matches its type and shape. A model that fails raises
+    :class:`~ollie.errors.OllieError` (:class:`~ollie.errors.UnsupportedError` for an opset
+    too new) naming ``source`` and the node or tensor. Nodes out of topological order and
+    missing shape information are accepted (the importer orders nodes and infers shapes)."""
+    import onnx
+    from onnx import checker
+
+    known = onnx.defs.onnx_opset_version()
+    opsets = {imp.domain or "": int(imp.version) for imp in proto.opset_import}
+    default = opsets.get("", opsets.get("ai.onnx", 0))
+    if default > known:
+        raise UnsupportedError(f"{source}: the model uses ONNX opset {default}; this "
+                               f"installation knows opsets up to {known} (upgrade onnx)")
+    if not proto.graph.output:
+        raise OllieError(f"{source}: not a valid ONNX model (the graph has no outputs)")
+    ctx = checker.C.CheckerContext()
+    ctx.ir_version = int(proto.ir_version) or onnx.IR_VERSION
+    ctx.opset_imports = opsets
+    for tensor in proto.graph.initializer:
+        try:
+            checker.check_tensor(tensor, ctx)
+        except Exception as e:  # onnx's ValidationError
+            raise OllieError(f"{source}: not a valid ONNX model (initializer '{tensor.name}': "
+                             f"{_line(e)})") from None
+    for node in proto.graph.node:
+        if node.domain not in ("", "ai.onnx") and node.domain in opsets:
+            continue  # a custom operator: converted by name, or refused by the importer
+        try:
+            checker.check_node(node, ctx)
+        except Exception as e:
+            raise OllieError(f"{source}: not a valid ONNX model (node '{node.name}' "
+                             f"({node.op_type}): {_line(e)})") from None
+    return proto
 
 
 def _line(e: BaseException) -> str:
@@ -188,10 +234,11 @@ class OnnxImporter:
                     if d.HasField("dim_value") and d.dim_value > 0:
                         dims.append(int(d.dim_value))
                     else:
-                        what = d.dim_param or "?"
-                        raise OllieError(f"{self.source}: input '{vi.name}' has dynamic "
-                                         f"dimension {k} ('{what}'); pass input_shapes="
-                                         f"{{'{vi.name}': (...)}} to fix it")
+                        raise ShapeError(f"{self.source}: input '{vi.name}' has dynamic "
+                                         f"dimension {k} ('{d.dim_param or '?'}') of shape "
+                                         f"{_dims_text(tt)}: pass example inputs, whose "
+                                         "shapes fix it: ollie.optimize(model, (x,)) "
+                                         f"(from_onnx: input_shapes={{'{vi.name}': (...)}})")
                 shape = tuple(dims)
             if any(d <= 0 for d in shape):
                 raise OllieError(f"{self.source}: input '{vi.name}' has shape {list(shape)}")
@@ -289,6 +336,71 @@ class OnnxImporter:
         return self._inferred
 
 
+def _dims(tt: Any) -> list[int | str]:
+    """The dimensions of an ONNX tensor type: an int where fixed, the ``dim_param`` (or
+    ``'?'``) where symbolic."""
+    return [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else
+            (d.dim_param or "?") for d in tt.shape.dim]
+
+
+def _dims_text(tt: Any) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else repr(d) for d in _dims(tt)) + "]"
+
+
+def graph_inputs(proto: Any) -> list[Any]:
+    """The inputs of an ONNX model's graph that are not initializers (``ValueInfoProto``s, in
+    order): what a caller feeds."""
+    inits = {i.name for i in proto.graph.initializer}
+    return [vi for vi in proto.graph.input if vi.name not in inits]
+
+
+def example_shapes(proto: Any, source: str, example_inputs: Sequence[Any]
+                   ) -> dict[str, tuple[int, ...]]:
+    """``{input name: shape}`` of the example inputs of the ONNX model ``proto`` (one per
+    graph input, in order; anything with a ``shape``): they fix its symbolic dimensions. A
+    count, rank or fixed dimension that does not match raises
+    :class:`~ollie.errors.ShapeError` naming the input."""
+    inputs = graph_inputs(proto)
+    names = ", ".join(vi.name for vi in inputs)
+    if len(example_inputs) != len(inputs):
+        raise ShapeError(f"{source}: the model has {len(inputs)} input(s) ({names}), got "
+                         f"{len(example_inputs)} example input(s)")
+    shapes = {}
+    for k, (vi, x) in enumerate(zip(inputs, example_inputs, strict=True)):
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            raise ShapeError(f"{source}: example input {k} (for '{vi.name}') is a "
+                             f"{type(x).__name__}, expected a tensor")
+        shape = tuple(int(d) for d in shape)
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            dims = _dims(tt)
+            if len(dims) != len(shape) or any(isinstance(d, int) and d != s
+                                               for d, s in zip(dims, shape, strict=False)):
+                raise ShapeError(f"{source}: example input {k} has shape {list(shape)}, but "
+                                 f"the model's input '{vi.name}' is {_dims_text(tt)}")
+        shapes[vi.name] = shape
+    return shapes
+
+
+def float32_problem(proto: Any, source: str) -> str | None:
+    """Why Ollie cannot optimise ``proto`` as a float32 model (an input of another element
+    type), and what to do, or None."""
+    from onnx import TensorProto, helper
+
+    for vi in graph_inputs(proto):
+        elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if elem not in (0, TensorProto.FLOAT):
+            try:
+                name = helper.tensor_dtype_to_np_dtype(elem).name
+            except (KeyError, ValueError):
+                name = TensorProto.DataType.Name(elem).lower()
+            return (f"{source}: Ollie optimizes float32 models (its programs compute in "
+                    f"float32); input '{vi.name}' is {name}: export or convert the model in "
+                    "float32")
+    return None
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
@@ -304,15 +416,18 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 
 def from_onnx(model: str | Path | bytes | Any, input_shapes: Mapping[str, Sequence[int]]
-              | None = None, *, fold_batchnorm: bool = False) -> Graph:
+              | None = None, *, fold_batchnorm: bool = False, source: str | None = None
+              ) -> Graph:
     """Import an ONNX model (path, bytes or ``onnx.ModelProto``) as a :class:`Graph`.
 
-    ``input_shapes``: ``{input name: shape}`` fixing dynamic (or overriding) input shapes.
+    ``input_shapes``: ``{input name: shape}`` fixing dynamic (or overriding) input shapes
+    (:func:`example_shapes` makes one from example inputs).
     ``fold_batchnorm``: fold BatchNorm into preceding convolutions
     (:func:`ollie.graph.passes.fold_batchnorm`).
+    ``source``: the model's name in error messages (default: :func:`load_onnx`'s).
     """
-    proto, source = _load(model)
-    graph = OnnxImporter(proto, source, input_shapes).run()
+    proto, loaded = load_onnx(model)
+    graph = OnnxImporter(proto, source or loaded, input_shapes).run()
     if fold_batchnorm:
         from ollie.graph.passes import fold_batchnorm as fold
 

@@ -129,12 +129,16 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     from ollie.runtime.executor import CompiledProgram
     from ollie.runtime.kernels import precompile_programs
 
+    known = {g.key for g in groups}
+    start = frozenset(k for k in start if k in known)  # switches of these groups only
+    # every group's nodes, also of those beyond the MAX_GROUPS switched: ``start`` may have
+    # them on (they stay as they are)
+    nodes_of = {g.key: g.nodes for g in groups}
     groups = sorted(groups, key=lambda g: -g.saving_s)[:MAX_GROUPS]
     if not groups:
         return None
     names = {g.key: g.nodes[0] + (f" (x{len(g.nodes)})" if len(g.nodes) > 1 else "")
              + (f" as {g.alternative}" if g.alternative else "") for g in groups}
-    nodes_of = {g.key: g.nodes for g in groups}
     built: dict[frozenset[str], Callable[[], object] | None] = {}
     programs: dict[frozenset[str], Program] = {}
     spinning: set[frozenset[str]] = set()
@@ -224,10 +228,10 @@ def _compatible(switches: Sequence[frozenset[str]], current: frozenset[str],
                 nodes_of: Mapping[str, tuple[str, ...]]) -> list[frozenset[str]]:
     """``switches`` (fastest first) without those switching on a second alternative of a
     subprogram an earlier one (or ``current``) already switched on."""
-    taken = {nodes_of[k] for k in current}
+    taken = {nodes_of.get(k, (k,)) for k in current}
     out = []
     for on in switches:
-        added = {nodes_of[k] for k in on - current}
+        added = {nodes_of.get(k, (k,)) for k in on - current}
         if added & taken:
             continue
         taken |= added
@@ -252,14 +256,28 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
                            for on in (frozenset(g.key for g in groups), frozenset()))
         key = (f"context{DECISION_VERSION}|{digests}|{library}|{sorted(start)}|"
                f"{device_key(device)}")
-        doc = cache.get_decision(key)
-        decided = frozenset(json.loads(doc)) if doc is not None else None
+        decided = _decision(cache.get_decision(key), {g.key for g in groups})
     refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided,
                      settle)
     if refined is not None and cache is not None and key is not None and \
             refined.on != decided:
         cache.put_decision(key, json.dumps(sorted(refined.on)))
     return refined
+
+
+def _decision(doc: str | None, keys: set[str]) -> frozenset[str] | None:
+    """A cached choice (a JSON list of group keys), when well formed and naming only groups
+    of this program (``keys``); None otherwise (the choice is made again)."""
+    if doc is None:
+        return None
+    try:
+        on = json.loads(doc)
+    except ValueError:
+        on = None
+    if not isinstance(on, list) or not all(isinstance(k, str) and k in keys for k in on):
+        log.info("program context: ignoring a cached choice that does not fit this program")
+        return None
+    return frozenset(on)
 
 
 def _time(choices: Sequence[frozenset[str]], runner,

@@ -21,18 +21,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ollie.caches import release_caches
-from ollie.errors import OllieError, check_settings
+from ollie.errors import OllieError, UnsupportedError, check_settings
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.ir import Expr
@@ -46,6 +45,7 @@ from ollie.optimizer.final import (
 )
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.outcome import Outcome, cached_outcome
 from ollie.optimizer.rename import rename_expr, rename_kernels
 from ollie.optimizer.report import (
     Alternative,
@@ -59,7 +59,8 @@ from ollie.optimizer.select import as_input, layout_key, select
 from ollie.program.kernel import Kernel
 from ollie.program.postprocess import describe as describe_postprocess
 from ollie.program.postprocess import postprocess
-from ollie.program.program import Program, constant_array, kernel_from_json, kernel_to_json
+from ollie.program.program import Program, constant_array
+from ollie.program.serialize import FormatError
 from ollie.runtime.executor import CompiledProgram
 from ollie.runtime.kernels import precompile_programs
 from ollie.search import SearchConfig, derive
@@ -95,7 +96,12 @@ class OptimizeConfig:
     settle: float = SETTLE_SECONDS
 
     def __post_init__(self) -> None:
+        kind, _, index = self.device.partition(":") if isinstance(self.device, str) else ("",
+                                                                                        "", "")
         check_settings("OptimizeConfig", {
+            "device": (self.device, kind in ("cpu", "cuda") and (not index or index.isdigit())
+                       and (kind != "cuda" or torch.cuda.is_available()),
+                       "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
             "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
             "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
             "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
@@ -105,59 +111,45 @@ class OptimizeConfig:
 
 
 # --------------------------------------------------------------------- frontend
-def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | None) -> Graph:
-    """The graph of a torch module, an ONNX path or an ONNX ModelProto."""
-    from ollie.frontend import from_onnx, from_torch
+def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None
+             ) -> Graph:
+    """The graph of a torch module, an ONNX path or an ONNX ModelProto, identities removed and
+    BatchNorm folded. ``example_inputs``: a sequence of tensors, one per model input (a lone
+    tensor is one input); a module needs them (they fix every shape), an ONNX model's
+    symbolic dimensions are fixed by their shapes (its fixed ones must match). A module's
+    graph is checked against the module on new inputs
+    (:func:`ollie.frontend.torch_import.check_import`). A model that is not float32 raises
+    :class:`~ollie.errors.UnsupportedError` saying what to convert."""
+    from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
     from ollie.graph.passes import eliminate_identity, fold_batchnorm
 
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
     if isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise OllieError("optimize(module, example_inputs): example inputs are needed to "
                              "trace a torch module")
-        graph = from_torch(model, tuple(example_inputs))
-    elif isinstance(model, (str, Path)) or type(model).__name__ == "ModelProto":
-        shapes = None
-        if example_inputs is not None:
-            graph0 = from_onnx(model)
-            shapes = {n: tuple(t.shape) for (n, _), t in zip(graph0.inputs, example_inputs,
-                                                              strict=False)}
-        graph = from_onnx(model, input_shapes=shapes) if shapes else from_onnx(model)
-    else:
-        raise OllieError(f"cannot optimize a {type(model).__name__}: expected a "
-                         "torch.nn.Module, an .onnx path or an onnx.ModelProto")
-    return fold_batchnorm(eliminate_identity(graph))
+        inputs = tuple(example_inputs)
+        problem = torch_import.float32_problem(model, inputs)
+        if problem is not None:
+            raise UnsupportedError(problem)
+        graph = fold_batchnorm(eliminate_identity(from_torch(model, inputs)))
+        torch_import.check_import(graph, model, inputs)
+        return graph
+    if isinstance(model, (str, Path)) or type(model).__name__ == "ModelProto":
+        proto, source = onnx_import.load_onnx(model)
+        problem = onnx_import.float32_problem(proto, source)
+        if problem is not None:
+            raise UnsupportedError(problem)
+        shapes = None if example_inputs is None else \
+            onnx_import.example_shapes(proto, source, tuple(example_inputs))
+        graph = from_onnx(proto, shapes, source=source)
+        return fold_batchnorm(eliminate_identity(graph))
+    raise OllieError(f"cannot optimize a {type(model).__name__}: expected a "
+                     "torch.nn.Module, an .onnx path or an onnx.ModelProto")
 
 
 # --------------------------------------------------------------------- the optimizer
-@dataclass
-class _Outcome:
-    """The decision for one distinct subprogram (shared by identical ones)."""
-
-    kernels: list[Kernel] | None    # the chosen candidate's kernels, None: the original
-    output: str | None
-    label: str
-    derivation: list[str]
-    original_s: float
-    optimized_s: float
-    candidates: int
-    alternatives: list[Alternative] = field(default_factory=list)
-    """When the original won alone: rewrites the context step tries in the whole program
-    (:meth:`ollie.optimizer.select.Selection.alternatives`)."""
-
-    def to_json(self) -> str:
-        kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]
-        return json.dumps({**self.__dict__, "kernels": kernels,
-                           "alternatives": [a.to_doc() for a in self.alternatives]})
-
-    @classmethod
-    def from_json(cls, text: str) -> _Outcome:
-        doc = json.loads(text)
-        if doc["kernels"] is not None:
-            doc["kernels"] = [kernel_from_json(k) for k in doc["kernels"]]
-        doc["alternatives"] = [Alternative.from_doc(a) for a in doc.get("alternatives", [])]
-        return cls(**doc)
-
-
 class _Optimizer:
     def __init__(self, graph: Graph, config: OptimizeConfig,
                  progress: Callable[[str, int, int], None] | None) -> None:
@@ -165,7 +157,7 @@ class _Optimizer:
         self.config = config
         self.progress = progress
         self.cache = CostCache() if config.use_cache else None
-        self.memo: dict[str, _Outcome] = {}
+        self.memo: dict[str, Outcome] = {}
         self.report: list[SubprogramReport] = []
         self.notes: list[str] = []
         self.constants: dict[str, np.ndarray] = {
@@ -260,7 +252,13 @@ class _Optimizer:
         key = fingerprint(expr) + layout_key(cl)
         reused = key in self.memo
         if not reused:
-            self.memo[key] = self.search(node, expr, weights, cl)
+            try:
+                self.memo[key] = self.search(node, expr, weights, cl)
+            except Exception as exc:  # never lose the model to one subprogram
+                self.note(f"{node.describe()}: kept as is (its search failed: "
+                          f"{_cause(exc)})")
+                log.debug("search of %s failed", node.describe(), exc_info=True)
+                return self.node_kernel(node)
         out = self.memo[key]
         self.report.append(SubprogramReport(node.name, node.op, node.op, out.label,
                                             out.derivation, out.original_s * 1e3,
@@ -314,7 +312,7 @@ class _Optimizer:
         return out
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-               channels_last: frozenset[str] = frozenset()) -> _Outcome:
+               channels_last: frozenset[str] = frozenset()) -> Outcome:
         """The decision for a subprogram: from the decision cache, or by search + selection
         (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
@@ -324,15 +322,19 @@ class _Optimizer:
                f"{layout_key(channels_last)}")
         if self.cache is not None:
             doc = self.cache.get_decision(key)
-            if doc is not None:
-                return _Outcome.from_json(doc)
+            cached = None if doc is None else cached_outcome(doc, expr, weights)
+            if cached is not None:
+                return cached
         out = self._search(node, expr, weights, channels_last)
         if self.cache is not None:
-            self.cache.put_decision(key, out.to_json())
+            try:
+                self.cache.put_decision(key, out.to_json())
+            except FormatError as exc:  # a kernel Ollie cannot write as data: not cached
+                log.info("%s: decision not cached (%s)", node.describe(), exc)
         return out
 
     def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-                channels_last: frozenset[str]) -> _Outcome:
+                channels_last: frozenset[str]) -> Outcome:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
@@ -351,10 +353,10 @@ class _Optimizer:
                              m.program.summary(), m.candidate.derivation, m.seconds)
                 for m in sel.alternatives() if m.candidate is not None and
                 m.program is not None] if torch.device(cfg.device).type == "cpu" else []
-            return _Outcome(None, None, "original operator", [], sel.baseline.seconds,
+            return Outcome(None, None, "original operator", [], sel.baseline.seconds,
                             sel.baseline.seconds, ncand, alternatives)
         cand = best.candidate
-        return _Outcome(list(cand.kernels), cand.output, best.program.summary(),
+        return Outcome(list(cand.kernels), cand.output, best.program.summary(),
                         cand.derivation, sel.baseline.seconds, best.seconds, ncand)
 
     def original(self, node: Node, expr: Expr, inputs: Mapping[str, np.ndarray],
@@ -380,6 +382,17 @@ class _Optimizer:
         self.notes.append(text)
 
 
+def _cause(exc: BaseException) -> str:
+    """``exc`` in one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+class InternalError(OllieError):
+    """An unexpected failure inside Ollie (a bug): the message names the cause; the original
+    exception is chained (``__cause__``)."""
+
+
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
     """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
     identical subprograms fingerprint alike), and the renaming."""
@@ -391,10 +404,35 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
              device: str = "cpu", config: OptimizeConfig | None = None,
              progress: Callable[[str, int, int], None] | None = None, **overrides: object
              ) -> OptimizedModel:
-    """Optimise a model (API.md): returns a callable program with a ``report``."""
+    """Optimise a model (API.md): returns a callable program with a ``report``.
+
+    ``model``: a ``torch.nn.Module`` (in eval mode for inference), a path to an ``.onnx``
+    file or an ``onnx.ModelProto``. ``example_inputs``: one tensor per model input (a lone
+    tensor is one input); a module needs them, and for an ONNX model their shapes fix its
+    symbolic dimensions (``"batch"``), which cannot be optimised without them; only their
+    shapes matter.
+
+    Ollie optimises float32 models and its programs compute in float32: a module with a
+    float16 / bfloat16 / float64 parameter or buffer, or a model whose inputs are not float32
+    (an ONNX input of another element type, an example tensor of another dtype), is refused
+    with an :class:`~ollie.errors.UnsupportedError` naming it and saying what to convert
+    (``model.float()``, ``x.float()``). The program is then called with tensors (or numpy
+    arrays) of the example inputs' shapes on ``device``, float32 or converted to it from
+    another floating-point dtype, in any layout; an integer, boolean or complex input,
+    another shape or device, a meta tensor or None raises a
+    :class:`~ollie.errors.ShapeError` naming the input, what it expected and what it got
+    (:meth:`ollie.runtime.executor.CompiledProgram.__call__`). NaN and infinities in the
+    inputs give NaN and infinities where the model gives them.
+
+    Every error raised on purpose is an :class:`~ollie.errors.OllieError`."""
     cfg = replace(config or OptimizeConfig(), device=device, **overrides)
     try:
         return _optimize(model, example_inputs, cfg, progress)
+    except OllieError:
+        raise
+    except Exception as exc:
+        raise InternalError(f"optimize failed unexpectedly ({_cause(exc)}); the model itself "
+                            "is unchanged. Please report this with the model") from exc
     finally:
         release_caches()
 
@@ -427,8 +465,13 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = (decision or PER_OPERATOR).split(": ", 1)[-1]
-        refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                cfg.device, cfg.settle)
+        try:
+            refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
+                                    cfg.device, cfg.settle)
+        except Exception as exc:  # optional: the checked program stays
+            notes.append(f"program context step skipped: {_cause(exc)}")
+            log.warning("program context step skipped: %s", _cause(exc))
+            refined = None
         if refined is not None and refined.on != start:
             prog = refined.program
             off = {n for g in groups if not g.alternative and g.key not in refined.on

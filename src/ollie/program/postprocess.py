@@ -256,6 +256,17 @@ def _accepts(p: Kernel, epilogue: dict[str, object], constants: Mapping[str, obj
         all(b in constants for b in biases)  # type: ignore[attr-defined]
 
 
+def _conv_output(p: Kernel) -> tuple[int, ...]:
+    """The ``[n, f, ho, wo]`` output a library ``Conv`` kernel computes (its expression may
+    view the same storage as another shape)."""
+    q = {k: int(v) for k, v in p.params.items()  # type: ignore[call-overload]
+         if k in ("n", "f", "h", "w", "r", "s", "ph", "pw", "ph_end", "pw_end", "sh", "sw",
+                  "dh", "dw")}
+    ph_end, pw_end = q.get("ph_end", q["ph"]), q.get("pw_end", q["pw"])
+    return (q["n"], q["f"], (q["h"] + q["ph"] + ph_end - q["dh"] * (q["r"] - 1) - 1) // q["sh"] + 1,
+            (q["w"] + q["pw"] + pw_end - q["dw"] * (q["s"] - 1) - 1) // q["sw"] + 1)
+
+
 def fuse_epilogues(prog: Program) -> Program:
     """Fold what an eOperator does after a convolution into it (see the module doc): ``f(conv
     + bias[c] + r)`` becomes the convolution's ``bias`` / ``residual`` inputs (in that order,
@@ -265,6 +276,7 @@ def fuse_epilogues(prog: Program) -> Program:
     expression becomes the fused one, so it stays exact."""
     kernels = list(prog.kernels)
     constants = prog.constants
+    shapes = prog.tensor_shapes()
     readers: dict[str, list[int]] = {}
     for i, k in enumerate(kernels):
         for n in set(k.inputs):
@@ -279,6 +291,12 @@ def fuse_epilogues(prog: Program) -> Program:
         epilogue = epilogue_of(c, p.output)
         if epilogue is None or not _accepts(p, epilogue, constants) or \
                 tuple(c.output_shape) != tuple(p.output_shape):
+            continue
+        # a library convolution adds the residual as it is, to its own [n, f, ho, wo] output:
+        # not one the eOperator reads as another shape of its storage (a linear layer's
+        # [2, 196] input as the [2, 196, 1, 1] of a 1x1 convolution)
+        if "residual" in epilogue and p.kind == "Conv" and \
+                shapes.get(str(epilogue["residual"])) != _conv_output(p):
             continue
         params = dict(p.params)
         inputs = list(p.inputs)

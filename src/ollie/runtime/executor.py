@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 
 from ollie.errors import ShapeError
@@ -76,8 +77,10 @@ class CompiledProgram:
         (:mod:`ollie.runtime.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``)."""
         program.check()
         self.program = program
-        self.device = torch.device(device)
+        # the device with its index resolved ("cuda" -> "cuda:0"), as tensors on it report it
+        self.device = torch.empty(0, device=device).device
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
+        self.input_shapes = [(n, torch.Size(s)) for n, s in program.inputs]
         self.constants = {n: torch.tensor(constant_array(v), device=self.device)
                           for n, v in program.constants.items()}
         self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
@@ -207,7 +210,12 @@ class CompiledProgram:
         return torch.empty(shape, device=self.device)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
-        """The program's outputs for ``inputs`` (``{name: tensor or array}``), fresh tensors."""
+        """The program's outputs for ``inputs`` (``{name: tensor or array}``), fresh tensors.
+        Inputs of another dtype are converted to float32, tensors on another device moved to
+        the program's (a call, :meth:`__call__`, takes floating-point inputs on the
+        program's device only); one that is missing, not a tensor or array, of another shape
+        or without data (a meta tensor) raises :class:`~ollie.errors.ShapeError` naming
+        it."""
         feed = self._feed(inputs)
         if not self.cuda_graphs:
             return self._execute(feed)
@@ -227,19 +235,83 @@ class CompiledProgram:
         return {n: t.clone() for n, t in outs.items()}
 
     def _feed(self, inputs: Mapping[str, object]) -> Env:
-        """The program's inputs as float32 tensors on the device, shapes checked."""
+        """The program's inputs as float32 tensors on the device (:meth:`_input`)."""
         env: Env = {}
-        for name, shape in self.program.inputs:
+        for name, shape in self.input_shapes:
             if name not in inputs:
                 raise ShapeError(f"missing input '{name}' (expected shape {list(shape)})")
-            t = torch.as_tensor(inputs[name], dtype=torch.float32, device=self.device)
-            if tuple(t.shape) != tuple(shape):
-                raise ShapeError(f"input '{name}' has shape {list(t.shape)}, expected "
-                                 f"{list(shape)}")
             # a channels-last input (a convolution's output, in a selection measurement) is
             # kept so: every kernel reads it correctly, library convolutions without a copy
-            env[name] = dense(t)
+            env[name] = dense(self._input(name, shape, inputs[name]))
         return env
+
+    def _expected(self, shape: tuple[int, ...]) -> str:
+        return f"a float32 tensor of shape {list(shape)} on {self.device}"
+
+    def _input(self, name: str, shape: tuple[int, ...], value: object) -> torch.Tensor:
+        """Input ``name`` (``value``: a torch tensor or a numpy array, with data) as a float32
+        tensor of ``shape`` on the device: converted and moved there if need be, detached if
+        it requires grad (the program computes no gradients). A float32 tensor on the device
+        costs a few attribute reads, no copy. Anything else raises
+        :class:`~ollie.errors.ShapeError` naming the input, what it expected and what it
+        got."""
+        t = value
+        if type(t) is not torch.Tensor:
+            t = self._tensor(name, shape, t)
+        if t.device != self.device or t.dtype is not torch.float32:
+            if t.device.type == "meta":
+                raise ShapeError(f"input '{name}' is a meta tensor (it has no data), "
+                                 f"expected {self._expected(shape)}")
+            try:
+                t = t.to(self.device, torch.float32)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ShapeError(f"input '{name}' ({t.dtype} on {t.device}) cannot be "
+                                 f"converted to {self._expected(shape)} ({exc})") from None
+        if t.shape != shape:
+            raise ShapeError(f"input '{name}' has shape {list(t.shape)}, expected "
+                             f"{self._expected(shape)}")
+        return t.detach() if t.requires_grad else t
+
+    def _tensor(self, name: str, shape: tuple[int, ...], value: object) -> torch.Tensor:
+        """``value``, a tensor subclass or a numpy array, as a tensor (a CPU float32 array
+        without a copy); anything else raises :class:`~ollie.errors.ShapeError`."""
+        if isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, np.ndarray):
+            got = "None" if value is None else f"a {type(value).__name__}"
+            raise ShapeError(f"input '{name}' is {got}, expected {self._expected(shape)}")
+        try:
+            return torch.as_tensor(value, dtype=torch.float32, device=self.device)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ShapeError(f"input '{name}' is a numpy array of dtype {value.dtype}, "
+                             f"expected {self._expected(shape)} ({exc})") from None
+
+    def _check_call(self, args: tuple[object, ...]) -> None:
+        """Raise :class:`~ollie.errors.ShapeError` for an argument of a call that is not a
+        floating-point tensor (or numpy array) with data on the program's device: what a call
+        refuses beyond :meth:`run`, which also converts integers and moves tensors. The
+        shapes are checked by :meth:`_input`."""
+        for (name, shape), x in zip(self.input_shapes, args, strict=True):
+            if isinstance(x, np.ndarray):
+                if x.dtype.kind != "f":
+                    raise ShapeError(f"input '{name}' is a numpy array of dtype {x.dtype}, "
+                                     f"expected {self._expected(shape)} (or a floating-point "
+                                     "array)")
+                continue
+            if not isinstance(x, torch.Tensor):
+                self._tensor(name, shape, x)  # raises, naming what it got
+                continue
+            if x.device != self.device:
+                if x.device.type == "meta":
+                    raise ShapeError(f"input '{name}' is a meta tensor (it has no data), "
+                                     f"expected {self._expected(shape)}")
+                raise ShapeError(f"input '{name}' is on {x.device}, expected "
+                                 f"{self._expected(shape)}: the program was built for "
+                                 f"{self.device}; move the input with .to('{self.device}')")
+            if not x.is_floating_point():
+                raise ShapeError(f"input '{name}' has dtype {x.dtype}, expected "
+                                 f"{self._expected(shape)} (a floating-point tensor is "
+                                 "converted): the program computes in float32")
 
     def _execute(self, feed: Env) -> dict[str, torch.Tensor]:
         """Run every kernel in order on the checked inputs ``feed``."""
@@ -307,6 +379,14 @@ class CompiledProgram:
         return {**env, into: copy}, copy
 
     def __call__(self, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The program's output (a tuple for several) for its inputs in order: floating-point
+        tensors (or numpy arrays) of the input shapes on the program's device, in any layout
+        (channels-last, strided views), converted to float32 where they are not. A wrong
+        number of inputs, another shape, an integer, boolean or complex dtype, a tensor on
+        another device, a meta tensor, None or anything else raises
+        :class:`~ollie.errors.ShapeError` naming the input, what it expected and what it
+        got. Dense float32 tensors of a program that is one ONNX Runtime region go straight to
+        its session."""
         names = [n for n, _ in self.program.inputs]
         if len(args) != len(names):
             raise ShapeError(f"program takes {len(names)} input(s) ({', '.join(names)}), "
@@ -316,6 +396,7 @@ class CompiledProgram:
         direct = self.whole.call(args, self.buffers) if self.whole is not None else None
         if direct is not None:
             return direct[0] if len(direct) == 1 else tuple(direct)
+        self._check_call(args)
         outs = self.run(dict(zip(names, args, strict=True)))
         res = tuple(outs[n] for n in self.program.outputs)
         return res[0] if len(res) == 1 else res

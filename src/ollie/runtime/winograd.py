@@ -54,6 +54,9 @@ add and scale by the matrices' entries (for ``F(4, 3)``: integers up to 8 and ``
 amplifies rounding by a small constant factor: errors up to ~2e-5 of the largest output
 magnitude on random data (ResNet-18 and CSRNet layers), checked against ``F.conv2d`` when the
 convolution is built (:func:`ollie.runtime.onednn._checked`), like every library convolution.
+A tile's transforms mix all its elements, so an input holding a NaN or an infinity runs the
+direct convolution instead (:func:`ollie.runtime.winograd_common.exact_if_nonfinite`): NaN
+and infinities land where the model puts them, not over whole tiles.
 
 :func:`winograd_conv2d` returns the convolution, or ``None`` where it does not apply (stride,
 groups, a kernel size without a tile in :data:`TILE`, no oneDNN in this torch).
@@ -74,6 +77,7 @@ from ollie.runtime.winograd_codegen import precompile as codegen_precompile
 from ollie.runtime.winograd_common import (
     CHANNELS_LAST_PLANE,
     as_conv,
+    exact_if_nonfinite,
     input_array,
     residual_array,
     thread_workspace,
@@ -177,7 +181,8 @@ def winograd_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                           b is None, activation, residual))
     ref = onednn._post(activation, residual, lambda x: F.conv2d(
         x, w, b, 1, tuple(padding), (dil, dil)))
-    return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
+    return None if conv is None else onednn._checked(
+        exact_if_nonfinite(conv, ref, residual), ref, tuple(input_shape), residual)
 
 
 def _phase_taps(k: int, s: int, p: int) -> list[list[tuple[int, int]]]:
@@ -320,7 +325,8 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
                           tuple(output_padding), b is None, activation, residual), overlap)
     ref = onednn._post(activation, residual, lambda x: F.conv_transpose2d(
         x, w, b, s, p, tuple(output_padding)))
-    return None if conv is None else onednn._checked(conv, ref, tuple(input_shape), residual)
+    return None if conv is None else onednn._checked(
+        exact_if_nonfinite(conv, ref, residual), ref, tuple(input_shape), residual)
 
 
 Part = tuple[torch.Tensor, tuple[int, int], int]

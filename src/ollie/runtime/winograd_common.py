@@ -1,9 +1,11 @@
 """Runtime glue shared by the Winograd convolutions (:mod:`ollie.runtime.winograd`, per
 output phase, and :mod:`ollie.runtime.winograd_overlap`, overlap-add): the input as a
-channels-last array, per-thread workspaces, the convolution's call signature."""
+channels-last array, per-thread workspaces, the convolution's call signature, the direct
+convolution on inputs with NaN or infinities."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
@@ -72,5 +74,22 @@ def as_conv(run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
     return conv
 
 
-__all__ = ["CHANNELS_LAST_PLANE", "NO_RESIDUAL", "as_conv", "input_array", "residual_array",
-           "thread_workspace"]
+def exact_if_nonfinite(conv: onednn.Conv, exact: onednn.Conv, residual: bool) -> onednn.Conv:
+    """``conv`` (a Winograd convolution) on a finite input, ``exact`` (the direct convolution,
+    same signature) on an input holding a NaN or an infinity. A Winograd transform mixes every
+    element of a tile, so one NaN or infinity would make the whole output tile NaN, where the
+    direct convolution (and the model) puts NaN or an infinity only in the outputs whose
+    window reads it. The test is one sum over the input: finite for every finite input whose
+    sum does not overflow (one that does also takes the exact path)."""
+    if residual:
+        def guarded_residual(x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            return conv(x, res) if math.isfinite(x.sum()) else exact(x, res)
+        return guarded_residual
+
+    def guarded(x: torch.Tensor) -> torch.Tensor:
+        return conv(x) if math.isfinite(x.sum()) else exact(x)
+    return guarded
+
+
+__all__ = ["CHANNELS_LAST_PLANE", "NO_RESIDUAL", "as_conv", "exact_if_nonfinite", "input_array",
+           "residual_array", "thread_workspace"]
