@@ -1,22 +1,65 @@
 """Ollie: a derivation-based tensor program optimizer.
 
-Public entry points (see API.md): :func:`parse`, :func:`format`, :func:`interpret`.
+Public entry points (API.md): :func:`parse`, :func:`format`, :func:`interpret`,
+:func:`fingerprint`, :func:`derive`, :func:`optimize`, :func:`load`, and the
+``torch.compile(model, backend="ollie")`` backend.
+
+``import ollie`` is light: the expression language, fingerprints and the errors load at once;
+the search, the optimizer (and with it PyTorch) load on first use of the names that need them
+(``fingerprint`` is bound after its module is imported, so the submodule never shadows the
+function). The
+torch.compile backend is registered through the ``torch_dynamo_backends`` entry point of the
+installed package: torch finds ``"ollie"`` when a model is compiled with it, whether or not
+``ollie`` was imported, and importing ``ollie`` has no side effect on torch
+(:func:`ollie.optimizer.backend.register` registers it by hand, e.g. for a source tree that
+is not installed).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ollie.errors import (
     ConfigError,
     ExprError,
     OllieError,
     ParseError,
+    ResourceError,
     ShapeError,
     UnsupportedError,
 )
 from ollie.fingerprint import FingerprintSet, canonical_form, fingerprint
 from ollie.ir import Expr, parse
 from ollie.ir import format_expr as format
-from ollie.optimizer.model import OptimizeConfig, load, optimize
-from ollie.search import derive
-from ollie.semantics import interpret
+
+if TYPE_CHECKING:
+    from ollie.optimizer.model import OptimizeConfig, load, optimize
+    from ollie.search import derive
+    from ollie.semantics import interpret
+
+_LAZY = {
+    "OptimizeConfig": "ollie.optimizer.model",
+    "load": "ollie.optimizer.model",
+    "optimize": "ollie.optimizer.model",
+    "derive": "ollie.search",
+    "interpret": "ollie.semantics",
+}
+"""Public names loaded on first use, by the module that defines them."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ollie' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ConfigError",
@@ -26,6 +69,7 @@ __all__ = [
     "OllieError",
     "OptimizeConfig",
     "ParseError",
+    "ResourceError",
     "ShapeError",
     "UnsupportedError",
     "canonical_form",
@@ -38,12 +82,3 @@ __all__ = [
     "parse",
 ]
 __version__ = "0.1.0"
-
-
-def _register_torch_compile_backend() -> None:
-    from ollie.optimizer.backend import register
-
-    register()
-
-
-_register_torch_compile_backend()

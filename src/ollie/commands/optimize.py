@@ -7,10 +7,12 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ollie.errors import OllieError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,6 +84,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_program(args: argparse.Namespace) -> int:
+    import torch
+
     import ollie
     from ollie.tune.measure import measure
 
