@@ -212,3 +212,21 @@ def test_a_value_ollie_cannot_save_is_named(tmp_path):
                                                    ("A",), "y", None, (), (2,))])
     with pytest.raises(ollie.OllieError, match=r"attribute 'target'.*function"):
         prog.save(tmp_path)
+
+
+DATA = Path(__file__).parent / "data"
+"""Programs saved by Ollie at fa34003 (format 1): a derived 3x3 convolution (Matmul and
+eOperators, no graph operator) and a program of graph operators (pickled in format 1)."""
+
+
+def test_a_format_1_program_without_graph_operators_still_loads():
+    loaded = ollie.load(DATA / "format1_derived")
+    a = torch.randn(1, 4, 5, 5)
+    k = torch.from_numpy(loaded.program.constants["K"])
+    want = torch.nn.functional.conv2d(a, k, padding=1)
+    assert torch.allclose(loaded(a), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_format_1_program_with_graph_operators_is_refused_saying_how_to_resave():
+    with pytest.raises(ollie.OllieError, match="optimize the model again"):
+        ollie.load(DATA / "format1_nodes")
