@@ -1,22 +1,20 @@
 """Process-wide state of a search: the memo caches and the garbage collector's schedule.
 
 Fingerprinting and zero analysis memoise per scope (``functools.lru_cache``). Within one search
-those caches pay off; once it ends they only keep IR objects alive: after the CNN end-to-end
-tests, ~2.3 M of the process's ~3.5 M objects tracked by the garbage collector, which costs
-memory and makes every later full collection slower (in the user's own code too).
+those caches pay off; once it ends they only keep IR objects alive, which costs memory and
+makes every later full collection slower (in the user's own code too). :func:`release_caches`
+drops them; they refill on demand.
 
 A search allocates millions of long-lived, acyclic IR objects (states, caches), so CPython's
-automatic full collections keep rescanning a growing heap: alone, a 3 s search spent ~20% of
-its time in them, and in a process that already held millions of objects one collection took
-~2 s. :func:`search_scope` wraps every ``ollie.derive`` (so each subprogram's search inside
-``ollie.optimize`` too): it defers automatic full collections (young generations are still
-collected) until the search returns, then restores the schedule and releases the caches.
-Measured on the 2-core VM: ``derive(conv5x5 small, time_budget=20)`` explored 319 -> 413
-states, peak RSS 532 -> 560 MB; InfoGAN b1 ``optimize(time_budget=10)`` peak RSS 1062 ->
-1054 MB, same time (deferring through the whole ``optimize`` instead took 46.8 -> 40.9 s but
-1096 -> 1352 MB: not done). ``ollie.optimize`` releases the caches when it returns.
-(Freezing the pre-existing objects, ``gc.freeze``, was measured too: no gain, since the
-search's own allocations trigger the collections.) Nested scopes are no-ops.
+automatic full collections would keep rescanning a growing heap. :func:`search_scope` wraps
+every ``ollie.derive`` (so each subprogram's search inside ``ollie.optimize`` too): it defers
+automatic full collections (young generations are still collected) until the search returns,
+then restores the collector's thresholds and releases the caches. Only the outermost scope
+does this (a counter under a lock; nested scopes, also from other threads, are no-ops).
+``ollie.optimize`` releases the caches when it returns.
+
+Why, and why neither deferring through the whole ``ollie.optimize`` nor ``gc.freeze``
+(measured): docs/design/016-garbage-collector-and-memo-caches.md.
 """
 
 from __future__ import annotations

@@ -15,18 +15,16 @@ from ollie.tune.measure import SETTLE_SECONDS, SETTLED_LEAD_SECONDS, measure_alt
 DEMO_CANDIDATES = 4
 """Candidates measured per subprogram in the demo (``ollie.optimize``'s default: 8). Measuring
 a candidate compiles its generated eOperators first (cold numba caches), most of a cold demo's
-time: on the 2-core AVX2 EPYC VM (2026-11-26) the demo with 8 took 311 s, optimisation 295 s."""
+time (docs/design/011-compiling-kernels-ahead.md)."""
 
 
 DEMO_SETTLE = 0.1
 """Seconds idle before the samples of a program whose ONNX Runtime session spins, in the
 demo's program-level comparisons (``ollie.optimize``'s default: :data:`~ollie.tune.measure.
-SETTLE_SECONDS`, 0.2). On the 2-core AVX2 EPYC VM (2026-11-26, the process's CPU time in
-5 ms windows after InfoGAN b1's session ran, ``getrusage``) its threads spun for 40-45 ms
-after a run, then went idle; at b1 nearly every sample of those comparisons settles. From
-an empty cache the demo took 147 and 184 s with 0.2 (the program-context step 27 and 51 s),
-139 and 138 s with 0.1 (27 and 29 s), and measured 4.38x and 5.52x, 6.05x and 4.61x over
-eager: the choices were no worse. The demo's final speedup is measured with the default."""
+SETTLE_SECONDS`, 0.2): long enough for the session's threads to go idle after a run, and at
+batch 1 nearly every sample of those comparisons settles, so the shorter settle shortens the
+demo without worse choices. The demo's final speedup is measured with the default. Why this
+value (measured): docs/design/002-measurement-protocol.md."""
 
 
 def main(model: str = "infogan", batch: int = 1, budget: float = 15.0,
@@ -70,8 +68,8 @@ def main(model: str = "infogan", batch: int = 1, budget: float = 15.0,
         got = opt(*inputs)
         err = float((got - want).abs().max() / want.abs().max())
         # timed as the model benchmark times it: each sample after the cores went idle (an
-        # ONNX Runtime region whose threads spin, right after eager's OpenMP threads, timed
-        # 0.55 ms here against 0.31 ms settled), then 50 ms of untimed calls
+        # ONNX Runtime region whose threads spin is slowed right after eager's OpenMP threads:
+        # docs/design/002-measurement-protocol.md), then 50 ms of untimed calls
         times = measure_alternating({"PyTorch eager": lambda: module(*inputs),
                                      "Ollie": lambda: opt(*inputs)}, rounds=15,
                                     min_sample=0.02, lead_calls=1, settle=SETTLE_SECONDS,

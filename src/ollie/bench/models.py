@@ -6,9 +6,8 @@ cache so the first optimisation is cold) and check its output against the module
 error < 1e-3), then time alternately (``measure_alternating``, interleaved rounds; each sample
 is one untimed call followed by at least 20 ms of back-to-back calls, so every system is timed
 in its steady state, as a model served in a loop runs; on the CPU a sample starts after 0.2 s
-idle and 50 ms of untimed calls, which did not bias the ratio: DCGAN b16 against eager,
-2-core AVX2 EPYC VM, 2026-11-26, gave 2.00 / 1.86 / 1.82x timed so and 1.80 / 1.77 / 1.83x with
-samples of 0.2 s of back-to-back calls and no idle time, alternating in one process):
+idle and 50 ms of untimed calls, which does not bias the ratio against samples of back-to-back
+calls without idle time (measured: docs/design/002-measurement-protocol.md):
 
 * PyTorch eager under ``torch.inference_mode``;
 * ``torch.compile`` with frozen weights (``torch._inductor.config.freezing = True``) as users
@@ -315,9 +314,8 @@ def timed(fns: dict[str, Callable[[], object]], device: str, repeats: int,
     ``repeats`` alternating timings in a row (:func:`measure_alternating`, 15 rounds each).
     With more than one, ``row`` gets each timing (``repeat_times_ms``) and the range of
     Ollie's speedup over eager and over the best peer across them: on a shared virtual
-    machine one timing can land in a slow or a fast spell (DCGAN b16 over eager on the 2-core
-    EPYC VM, 2026-11-26: 1.95-2.18x over ten timings in one process, 1.6-2.3x across
-    processes)."""
+    machine one timing can land in a slow or a fast spell
+    (docs/design/002-measurement-protocol.md)."""
     cpu = device == "cpu"
     samples = [measure_alternating(fns, device, rounds=15, max_seconds=90.0, min_sample=0.02,
                                    lead_calls=1, settle=SETTLE_SECONDS if cpu else 0,

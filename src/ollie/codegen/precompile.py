@@ -1,11 +1,9 @@
 """Compiling generated CPU kernels ahead of their first use, side by side on every core.
 
-numba compiles a generated module in one thread, and most of a cold optimisation was spent
-there: InfoGAN b16 took 734 s from an empty cache on the 2-core VM (2026-11-26, cProfile,
-scratch ``/tmp/w32/cold.py``), 668 s of them in numba's compiler, for 73 kernel modules of the
-candidates measured, one after another. The candidates of one subprogram are known before
-any of them runs, so their modules can be compiled side by side: :func:`precompile` writes
-the module text of every form :func:`ollie.codegen.cpu.choose_source` will try
+numba compiles a generated module in one thread, and compiling the candidates' modules one
+after another is most of a cold optimisation. The candidates of one subprogram are known
+before any of them runs, so their modules can be compiled side by side: :func:`precompile`
+writes the module text of every form :func:`ollie.codegen.cpu.choose_source` will try
 (``staged/<form>/<file>`` under the kernel cache directory) and imports those files in one
 process per core (this one, and fresh Python processes that import only numba), whose numba
 writes the machine code to each file's ``__pycache__``. When the kernel is then compiled for
@@ -14,16 +12,18 @@ of compiling it (numba 0.68 stamps its cache with the text's hash), copies the c
 code beside the kernel module and removes the staged files (:func:`unstage`). The variants
 of a kernel for the layouts its inputs arrive in are found by running the candidates once
 without compiling them (:func:`ollie.runtime.kernels.discovering`), then compiled the same
-way. From an empty cache: InfoGAN b16 440 s against 676 s without, b1 158 s against 186 s.
+way.
 
 The Winograd transforms (:func:`ollie.runtime.winograd_codegen.precompile`) go through
 :func:`compile_side_by_side` too: their functions compile on their first call, so a worker
 compiles them for the signatures it is given, into the same cache.
 
-Nothing else changes: the same texts, the same choice between forms (timed in the calling
-process, as before), the same files in the cache. A worker that fails or times out, or staged
-code that does not load, only leaves its modules to be compiled as before, in the calling
-process. ``OLLIE_PRECOMPILE=0`` turns this off.
+Compiling ahead changes nothing else: the module texts, the choice between forms (timed in
+the calling process) and the files left in the cache are those of compiling on first use. A
+worker that fails or times out, or staged code that does not load, only leaves its modules to
+be compiled on first use in the calling process. ``OLLIE_PRECOMPILE=0`` turns this off.
+
+Why, with the measurements: docs/design/011-compiling-kernels-ahead.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,33 @@
 """Program-context choice of rewrites (CPU): after the program-level library choice
 (:mod:`ollie.optimizer.libraries`), each distinct rewritten subprogram is switched on or off
-alone and the whole program timed; the switches that make the program faster are kept.
+alone in the whole program and the program timed; a change is kept only when a second, longer
+comparison confirms it.
 
-Why: a subprogram's rewrite is chosen by timing it alone (:mod:`ollie.optimizer.select`), and
-in the program its neighbours change its caches and memory layouts. Until now the program
-level only chose between all rewrites and none. On InfoGAN b1 (2-core VM, 2026-11-23) four
-rewrites were each faster alone (0.044 against 0.061 ms, 0.248 against 0.277, 0.107 against
-0.160, 0.053 against 0.072), the program with all of them ran 0.449 ms and the one with none
-0.378 ms: all four were dropped, including any that helped in the program.
-
-A subprogram whose original operator won alone offers its fastest rewrite measured within
+A subprogram's rewrite is chosen by timing it alone (:mod:`ollie.optimizer.select`), and in
+the program its neighbours change its caches and memory layouts: a rewrite faster alone can
+make the program slower, and one that is not faster alone can make it faster. A subprogram
+whose original operator won alone therefore offers its fastest rewrite measured within
 :data:`ollie.optimizer.select.ALTERNATIVE_WITHIN` of it as a switch too, off at the start
-(:attr:`Group.alternative`): in the program another library may run the rewrite. InfoGAN b1
-(2-core AVX2 EPYC VM, 2026-11-25) is one ONNX Runtime region, whose ``ConvTranspose`` on the
-448 -> 256 layer's 2x2 input took 0.76-1.10 ms against 0.32-0.40 for a ``MatMul`` and
-``Col2Im``; oneDNN ran the original as fast as the rewrite alone. With that alternative
-switched on the program ran 0.63 against 0.73 ms in this step, and 1.46-1.56x faster than
-ONNX Runtime side by side (0.82-0.90x before).
+(:attr:`Group.alternative`): in the program another library may run the rewrite (e.g. inside
+an ONNX Runtime region).
 
-One greedy pass from the program-level choice (all rewrites on, or all off when the original
-operators won): every single switch is timed against the current choice in interleaved rounds
-(steady state). Then, when a switch was faster by :data:`MARGIN`, or when several were not
-slower by more than :data:`NOISE` (switches that each save 1-2% may save 5% together), a
-second, longer comparison times the best single switch and those switches together against the
-current choice; a change is kept only when it wins this second comparison by :data:`MARGIN`
-too. One comparison of nine ~20 ms rounds is not enough on a noisy machine: in a cold
-optimisation of InfoGAN b16 (2-core VM, 2026-11-23) it measured switching
-``conv_transpose2d_4``'s rewrite off 2.6% faster (2.860 against 2.937 ms), and seven
-alternating measurements of the two programs afterwards gave the rewrite on 4-11% faster
-(2.52-3.08 against 2.74-3.36 ms); in three cold runs with the second comparison, two
-first-comparison switches of 2-5% were not confirmed. Every variant is post-processed, given
-the same library decision, and checked against the reference outputs before it is timed. A
-subprogram's switch covers every node that shares its decision (identical subprograms, e.g.
-repeated blocks).
+:func:`refine` makes one greedy pass from the program-level choice ``start`` (all chosen
+rewrites on, or all off when the original operators won). The :data:`MAX_GROUPS` groups with
+the largest savings measured alone are switched, one at a time, and every single switch is
+timed against the current choice in :data:`ROUNDS` interleaved rounds (steady state; samples
+around a program whose ONNX Runtime session spins start after ``settle`` seconds idle). Then,
+when a switch was faster by :data:`MARGIN`, or when several were not slower by more than
+:data:`NOISE` (switches that each save 1-2% may save more together), a second comparison of
+:data:`CONFIRM_ROUNDS` rounds times the best single switch and those switches together (at
+most one alternative per subprogram) against the current choice; a change is kept only when it
+wins this second comparison by :data:`MARGIN` too. Every variant is post-processed, given the
+same library decision, and checked against the reference outputs before it is timed; a
+variant that fails to run or disagrees is left out. A subprogram's switch covers every node
+that shares its decision (identical subprograms, e.g. repeated blocks). :func:`cached_refine`
+keeps the choice in the cost cache under :data:`DECISION_VERSION`.
 
-On InfoGAN b16 (2-core VM, 2026-11-24) switching the rewrites of ``conv_transpose2d_1`` and
-``_2`` off together made the program 4-6% faster in six side-by-side comparisons in a fresh
-process. Five context passes per step (scratch ``/tmp/w/ctx.py``, from a cache without
-context decisions), counting the passes that kept both rewrites / one / none:
-- before: 3 / 2 / 0;
-- with switches that were faster at all confirmed together and 15 / 25 rounds: 3 / 1 / 1;
-- with :func:`~ollie.tune.measure.gc_paused` as well: 2 / 0 / 3;
-- with :data:`NOISE` as well: 0 / 0 / 5.
+Why this procedure, its margins and rounds (with the measurements):
+docs/design/008-program-context-step.md.
 """
 
 from __future__ import annotations
@@ -68,10 +54,8 @@ MARGIN = 0.02
 """A switch must make the program this much faster (fraction of its time) to be kept."""
 
 DECISION_VERSION = 4
-"""Part of the cached decisions' key: bumped when the procedure changes (2: switches together
-and gc paused, 2026-11-24; 3: programs timed as called, 2026-11-25; 4: alternatives of
-subprograms whose original won alone, 2026-11-25), so that decisions of an older one are made
-again."""
+"""Part of the cached decisions' key: bump it whenever the procedure changes, so that decisions
+of an older one are made again (what each version changed: docs/design/010-caches.md)."""
 
 MAX_GROUPS = 12
 """Distinct rewrites switched at most (the largest savings measured alone first)."""
@@ -81,8 +65,7 @@ ROUNDS = 15
 
 NOISE = 0.01
 """Single switches measured at most this much slower than the current choice may still win
-together (InfoGAN b16, 2-core VM, 2026-11-24: two rewrites switched off measured from 1% slower
-to 5% faster each in the program, and 4-6% faster together side by side)."""
+together (docs/design/008-program-context-step.md)."""
 
 CONFIRM_ROUNDS = 25
 """Interleaved rounds of the confirming comparison."""

@@ -167,7 +167,8 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     # the choices offered are part of the key: a new choice is timed, not skipped
     digests = "+".join(program_digest(p) for p in (prog, *alternatives.values()))
     # so is the margin an alternative wins by: a decision made under another is not reused;
-    # "called": variants timed through ``CompiledProgram.__call__`` (2026-11-25)
+    # "called": variants timed through ``CompiledProgram.__call__`` (key history:
+    # docs/design/010-caches.md)
     key = f"libraries-called|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = cache.get_decision(key) if cache is not None else None

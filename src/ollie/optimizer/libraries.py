@@ -2,27 +2,30 @@
 
 Each library convolution of a program (a ``Conv`` kernel with a constant weight, or an original
 ``Conv2d`` / ``ConvTranspose2d`` kept as a ``Node``) picks the fastest of oneDNN with a packed
-weight, plain torch and ONNX Runtime on its own (:func:`ollie.runtime.onednn.best_conv`).
+weight, plain torch, ONNX Runtime and, where one applies, a Winograd convolution on its own
+(:func:`ollie.runtime.onednn.best_conv`).
 Timed alone, each choice is right; in a program, the implementations run on different thread
 pools (torch's OpenMP workers, ONNX Runtime's own), and a pool that slept while another
 library ran pays to wake its threads on every call, while the other pool's threads take the
-cores. Measured on the 2-core VM (2026-11-22), DCGAN b1 with per-operator choices (two ONNX
-Runtime convolutions, two oneDNN) ran 0.90 ms, with every convolution on oneDNN 0.84 ms; on
-InfoGAN b16 and DCGAN b16 (one plain torch convolution among oneDNN ones) 3-7% slower.
+cores: choices that win one at a time can lose together.
 
 :func:`choose_libraries` therefore times the whole program with the per-operator choices
-against the program with every convolution on one library of :data:`UNIFORM` and against the
-program whose runs of library operators are ONNX Runtime regions
-(:mod:`ollie.runtime.ort_region`: one session per run, in ONNX Runtime's blocked layout from
-one convolution to the next), in interleaved rounds (steady state), checks each variant
-against the reference outputs, and keeps the fastest. ``ollie.optimize`` also passes the
+against its variants of :data:`CHOICES`: every convolution on one library of :data:`UNIFORM`,
+the two Winograd variants (:data:`ONEDNN_WINOGRAD`, :data:`WINOGRAD_ALL`), and the program
+whose runs of library operators are ONNX Runtime regions (:mod:`ollie.runtime.ort_region`: one
+session per run, in ONNX Runtime's blocked layout from one convolution to the next), with the
+other convolutions as chosen or on oneDNN (:data:`REGIONS`, :data:`REGIONS_ONEDNN`). It times
+them in interleaved rounds (steady state), checks each variant against the reference outputs,
+and keeps the fastest. ``ollie.optimize`` also passes the
 model's original operators (post-processed) as an alternative program when some subprogram
-was rewritten: a rewrite measured faster alone can be slower in the program (InfoGAN b1,
-2026-11-23: rewritten program 0.67 ms with oneDNN, original operators 0.50 ms), so the
-original operators are a candidate at the program level too. The choice is recorded in the
-kernels' ``params["library"]`` / ``params["region"]``, so a saved program keeps it, and
+was rewritten: a rewrite measured faster alone can be slower in the program, so the original
+operators are a candidate at the program level too. The choice is recorded in the kernels'
+``params["library"]`` / ``params["region"]``, so a saved program keeps it, and
 ``ollie.optimize`` stores it in the cost cache (a warm re-optimisation does not time the
 program again).
+
+Why choose per program, and the measurements behind each choice offered:
+docs/design/007-program-level-library-choice.md.
 """
 
 from __future__ import annotations
@@ -55,9 +58,8 @@ MAX_SECONDS = 10.0
 ALTERNATIVE_MARGIN = 0.02
 """``prog`` must be this much faster (fraction of the time) than the fastest variant of an
 alternative program to be kept over it: with the model's original operators as the
-alternative, a rewritten program within noise of them is not kept (GCN b16, 2-core VM,
-2026-11-23: chosen at 553.7 ms against 557.7 ms for the original operators, then 6% behind
-ONNX Runtime in the benchmark)."""
+alternative, a rewritten program within noise of them is not kept
+(docs/design/007-program-level-library-choice.md)."""
 
 PER_OPERATOR = "per operator"
 """The decision to keep each convolution's own measured choice."""
@@ -69,7 +71,7 @@ REGIONS = ort_region.LIBRARY
 REGIONS_ONEDNN = f"{REGIONS} + oneDNN packed"
 """ONNX Runtime regions with every convolution outside them on oneDNN: a per-operator ONNX
 Runtime convolution between torch kernels pays for OpenMP threads that still busy-wait
-(GCN b16, 2026-11-22: per operator 852 ms, oneDNN 640 ms, regions 572 ms)."""
+(docs/design/007-program-level-library-choice.md)."""
 
 ONEDNN_WINOGRAD = f"{UNIFORM[0]}{ANY_OF}{WINOGRAD}"
 """Every convolution on oneDNN, or on a Winograd convolution where one applies and measured
@@ -81,13 +83,9 @@ WINOGRAD_ALL = f"{WINOGRAD} wherever it applies"
 alone. The per-operator measurement behind :data:`ONEDNN_WINOGRAD` starts from cold caches (a
 program whose weights exceed the cache reads them from memory), and the Winograd form's
 weights are several times larger (36/9 for a 3x3 kernel); a small model's weights stay in the
-last-level cache from one call to the next. On the 2-core VM (2026-11-24, InfoGAN b16, 12 MB
-of weights), the 256->128 and 128->64 transposed convolutions measured 0.998 / 0.802 ms
-(Winograd over the phases' window) against 1.020 / 0.817 (oneDNN) cold, a coin toss, and
-0.479 / 0.437 against 0.695 / 0.562 warm; timed in the whole program, the variant decides.
-In the model benchmark of 2026-11-24 it was chosen for CSRNet b1 (4.41 against 4.56 ms for the
-per-convolution choice) and SRCNN b1 / b16; on GCN, whose 21-channel 3x3 convolutions are slow
-as Winograd, it ran 40.5 against 28.2 ms (b1) and was not."""
+last-level cache from one call to the next, so the cold measurement can misjudge it: timed in
+the whole program, the variant decides (measured:
+docs/design/007-program-level-library-choice.md)."""
 
 CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
@@ -179,7 +177,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         if name != PER_OPERATOR and any(rel_err(got[o], want[o]) > rtol for o in want):
             continue
         # timed as called in use: a program that is one ONNX Runtime region goes straight
-        # through its session (``CompiledProgram.__call__``), ~10 us less than ``run``
+        # through its session (``CompiledProgram.__call__``), cheaper than ``run``
+        # (docs/design/009-onnx-runtime-regions.md)
         args = [feeds[n] for n, _ in program.inputs]
         fns[name] = (lambda c=compiled, a=args: c(*a))
     if decided is not None and list(fns) == [decided]:

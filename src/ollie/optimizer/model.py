@@ -231,7 +231,7 @@ class _Optimizer:
             return self.node_kernel(node)
         # an element-wise product also matches a Matmul without a summation (k = 1): as an
         # eOperator it fuses with its neighbours and streams at copy bandwidth instead
-        # (EfficientNet's SiLU gates: 0.78 ms as a Matmul for 0.4 M elements)
+        # (docs/design/013-eoperator-kernels.md)
         best = next((o for o in opts if all(k.kind == "eOp" for k in o.kernels)), opts[0])
         self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
         return rename_kernels(list(best.kernels), {}, best.output, node.outputs[0],
@@ -316,7 +316,8 @@ class _Optimizer:
         """The decision for a subprogram: from the decision cache, or by search + selection
         (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
-        # "decision2": with the alternatives of a subprogram whose original won (2026-11-25)
+        # "decision2": the key's version, bumped when what a decision holds changes
+        # (history: docs/design/010-caches.md)
         key = (f"decision2|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
                f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
                f"{layout_key(channels_last)}")

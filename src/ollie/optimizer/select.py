@@ -36,12 +36,10 @@ MARGIN = 0.03
 
 ALTERNATIVE_WITHIN = 1.6
 """A candidate slower alone than the original by at most this factor is kept as an alternative
-(:meth:`Selection.alternatives`). InfoGAN's 448 -> 256 transposed convolution at batch 1 as a
-product and a selective add took 0.57-0.79 ms alone against 0.50 for the original (oneDNN),
-and in the whole program as an ONNX Runtime region (``MatMul`` + ``Col2Im``) made it 1.35-1.45x
-faster than the original operators there (2-core AVX2 EPYC VM, 2026-11-25, scratch
-``variants.py``: 1.13-1.37 against 1.64-1.84 ms): ONNX Runtime's ``ConvTranspose`` on that
-2x2 input is its slowest layer (0.76-1.10 ms; its ``MatMul`` on a constant weight 0.32-0.40)."""
+(:meth:`Selection.alternatives`), offered to the program-context step
+(:mod:`ollie.optimizer.context`): a rewrite slower alone can make the whole program faster
+where another library runs it, e.g. in an ONNX Runtime region (measured:
+docs/design/008-program-context-step.md)."""
 
 ALTERNATIVES = 1
 """Alternatives kept per subprogram (:meth:`Selection.alternatives`)."""

@@ -10,16 +10,10 @@ Which orientation runs faster depends on the library's kernel for the shape. A s
 transposed convolution derived as a product of its weight and its input pixels has a tall
 ``m`` (output channels times kernel taps) and a short ``n`` (input pixels); MKL computes it
 as ``[m, k]`` (a transposed view of the weight) times ``[k, n]`` far slower than as
-``[n, k] @ [k, m]``. Measured on the 2-core Xeon VM (2026-11-24), warm, batch 1:
-
-    layer (InfoGAN)      m x n x k           [m, k] @ [k, n]   [n, k] @ [k, m]
-    448 -> 256, 2x2      4096 x 4 x 448          599 us            148 us
-    256 -> 128, 4x4      2048 x 16 x 256         102 us             53 us
-
-(ONNX Runtime's ConvTranspose: 234 and 99 us.) Both orientations are candidates: the
-measured selection (:mod:`ollie.optimizer.select`) times the program with its products
-transposed (:func:`transposed_products`) next to the program as derived, and both are
-checked against the reference first.
+``[n, k] @ [k, m]`` (measured: docs/design/003-library-kernels-on-the-cpu.md). Both
+orientations are candidates: the measured selection (:mod:`ollie.optimizer.select`) times the
+program with its products transposed (:func:`transposed_products`) next to the program as
+derived, and both are checked against the reference first.
 """
 
 from __future__ import annotations
@@ -35,13 +29,9 @@ from ollie.program.program import Program
 
 TALL = 32
 """A product is transposed only when it has at least this many times more rows than columns
-(:func:`transposable`). Measured with MKL on the Xeon VM (2026-11-24, warm; ``[k, m]``
-weight, ``[k, n]`` input; ``m x n x k``, as derived -> transposed): 4096 x 4 x 448 599 -> 148
-us, 2048 x 16 x 256 102 -> 53 us, 4096 x 64 x 448 1005 -> 688 us; no gain at 16 times or
-less: 4096 x 256 x 512 2845 -> 3060 us, 2048 x 256 x 256 720 -> 778 us, 1024 x 1024 x 128
-684 -> 700 us, 1024 x 4096 x 128 2529 -> 2515 us. Timing both orientations of every product
-cost about a fifth more optimisation time on InfoGAN and DCGAN b16 (307 -> 376 s and 309 ->
-393 s)."""
+(:func:`transposable`): the transposed orientation gained on the tallest products and nothing
+at 16 times or less, and timing both orientations of every product costs optimisation time.
+Why this value (measured): docs/design/003-library-kernels-on-the-cpu.md."""
 
 TRANSPOSED = "transposed"
 """The parameter marking a ``Matmul`` kernel that computes its product transposed (its output

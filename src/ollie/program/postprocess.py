@@ -8,9 +8,10 @@
   Element-wise operators after an eOperator (bias, ReLU, ...) are eOperators too, so they
   fuse the same way; only a following tanh / sigmoid becomes the eOperator's ``activation``
   parameter instead: the runtime applies it to the computed values, by torch in place after
-  the generated code (numba's scalar ``np.tanh`` made DCGAN's last eOperator 3x slower), or,
-  for tanh on the CPU, inside the generated code by a vectorised approximation
-  (:data:`ollie.runtime.kernels.GENERATED_ACTIVATIONS`).
+  the generated code (numba's ``np.tanh`` is a scalar libm call), or, for tanh on the CPU,
+  inside the generated code by a vectorised approximation
+  (:data:`ollie.runtime.kernels.GENERATED_ACTIVATIONS`; measured:
+  docs/design/013-eoperator-kernels.md).
 * **Epilogue fusion into convolutions**: an eOperator computing ``f(conv + bias[c] + r)``
   over the whole output of a convolution (a ``Conv`` kernel, or an original ``Conv2d`` /
   ``ConvTranspose2d`` operator kept as a ``Node``) that nothing else reads, every part but
@@ -106,7 +107,7 @@ def fuse_eops(prog: Program) -> Program:
             if fn in TORCH_ACTIVATIONS and "activation" not in p.params:
                 # f(p) with f applied by the runtime to p's values (torch in place, or the
                 # generated code's vectorised tanh), not by numba's scalar libm call per
-                # element (np.tanh took DCGAN b16's last eOp from 1.3 to 3.9 ms)
+                # element (docs/design/013-eoperator-kernels.md)
                 new = make_eop(fused.root, dict(fused.decls), c.output)
                 kernels[users[0]] = Kernel("eOp", {**new.params, "activation": fn},
                                            new.inputs, c.output, new.expr, ())

@@ -22,10 +22,7 @@ over a chunk of ``B`` whose workspace is at most 16 MiB (at least one batch entr
   blocks are concatenated into ``O`` once per batch chunk.
 
 So a step costs two large parallel operations, and the Python loop has ``M / T`` steps per
-chunk.
-(Fewer, larger operations matter on a loaded 2-core machine, where every parallel region can
-wait a scheduler slice for its second thread.) The work is ``(T + 2w) / (2w + 1)`` of the
-band's, less the clipped part.
+chunk. The work is ``(T + 2w) / (2w + 1)`` of the band's, less the clipped part.
 
 **d == 1, narrow band** (small ``w``): every (batch, block) pair at once, chunked to 16 MiB:
 ``P = Q_blk [T, K] @ K_win [T + 2w, K]^T`` with ``K_win`` an ``as_strided`` window of the
@@ -43,6 +40,8 @@ two residue groups (``ceil(M/d)`` and ``M // d`` rows).
 
 On the CPU the wide path keeps its workspace per thread across calls (a large fresh
 allocation is page-faulted in on every call).
+
+Why fewer, larger operations and these chunk sizes (measured): docs/design/017-band-kernels.md.
 """
 
 from __future__ import annotations
@@ -59,11 +58,8 @@ _WIDE_MIN_J = 512      # 2w+1 from which the wide path is used
 _NARROW_TILE = 64      # row block of the narrow path
 _BUDGET = 1 << 24      # bytes of temporaries per narrow step (16 MiB)
 _WIDE_BUDGET = 1 << 24  # bytes of the wide path's workspace per chunk (16 MiB)
-"""Cache-sized chunks beat fewer, larger steps here: Longformer's dilated G2BMM
-([8, 10000, 64], w = 1000, d = 4) took 149.1 ms with one batch entry per chunk (20 MB
-blocks) against 161.7 ms with eight (the earlier ``max(128 MiB, |S| / 4)`` budget), its GBMM
-129.9 against 149.6 ms; the whole Longformer b1 program 372-393 against 401-415 ms,
-alternating in one process on the 2-core VM (2026-11-24)."""
+"""The budgets bound each step's temporaries, so that a step's data stays in the caches:
+cache-sized chunks beat fewer, larger steps (measured: docs/design/017-band-kernels.md)."""
 _local = threading.local()
 
 __all__ = ["g2bmm", "gbmm"]

@@ -14,14 +14,10 @@ row block and from the caches by the others. Rows go in blocks of 6, then 4, 2, 
 
 Why: oneDNN (and OpenBLAS, and numba's own loops) run such products far below the FMA rate,
 because with 16 rows each weight value takes part in 16 multiply-adds only and the weights
-(up to 16 MB per call) come from memory. On the 2-core AVX2 EPYC VM (2026-11-26, scratch
-``/tmp/w34/intr.py`` and ``prod.py``, warm, alone): 36 groups of [16, 448] @ [448, 256]
-(InfoGAN's 448 -> 256 layer, ``F(2x2, 2x2)``, 16.5 MB of weights) 0.96 ms against 2.0-2.5 ms
-for oneDNN's grouped 1x1 convolution and 2.8 ms for ``torch.bmm``; 100 groups of [16, 256] @
-[256, 128] 0.83 against 1.4 ms; without the prefetch 1.8-2.7 and 1.3-1.7 ms. Which of the
-two runs a convolution's products is measured (:func:`grouped_products`, cold caches, like
-every library choice); a matrix product with a constant right operand is
-offered it too (:mod:`ollie.runtime.linear`).
+(up to 16 MB per call) come from memory; the measurements are in
+docs/design/006-blocked-gemm-micro-kernel.md. Which of the two runs a convolution's products
+is measured (:func:`grouped_products`, cold caches, like every library choice); a matrix
+product with a constant right operand is offered it too (:mod:`ollie.runtime.linear`).
 """
 
 from __future__ import annotations
@@ -44,8 +40,8 @@ ROW_BLOCKS = (6, 4, 2, 1)
 most that leave AVX2's 16 registers room for the weights and a broadcast input."""
 
 PREFETCH_BYTES = 3072
-"""How far ahead of the weights being read the kernel prefetches: 48 rows of a panel (at
-0 / 1 / 3 / 8 KiB on the layer above: 2.0-2.7 / 1.9 / 0.96 / 1.05 ms)."""
+"""How far ahead of the weights being read the kernel prefetches: 48 rows of a panel (the
+fastest of the distances measured: docs/design/006-blocked-gemm-micro-kernel.md)."""
 
 VECTOR = 8
 
@@ -122,8 +118,9 @@ _LOCK = threading.Lock()
 def _kernel() -> Callable[..., None]:
     """The parallel numba function ``(V, U, O, T, G, C, KB)`` over flat arrays: ``V``
     ``[T, G, C]``, ``U`` ``[G, KB, C, NB]`` (packed panels), ``O`` ``[T, G, KB*NB]``; one job
-    per (group, panel), its rows in blocks of :data:`ROW_BLOCKS` (built on first use: numba
-    compiles it in ~2 s, once per machine with its on-disk cache)."""
+    per (group, panel), its rows in blocks of :data:`ROW_BLOCKS`. Built on first use, once
+    per process, under a lock; numba's on-disk cache keeps the machine code between
+    processes."""
     with _LOCK:
         if not _KERNEL:
             _KERNEL.append(_build_kernel())

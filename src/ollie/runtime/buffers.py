@@ -1,8 +1,8 @@
 """Kernel output buffers reused across calls of a program (CPU), once nothing holds them.
 
 A large fresh CPU allocation is mapped and page-faulted in on every call (glibc returns big
-blocks to the system when they are freed): for Longformer's 640 MB G2BMM output, measured on
-the 2-core CPU, the kernel took 176 ms into a preallocated output and 345 ms into a fresh one.
+blocks to the system when they are freed), which can cost more than the kernel writing it
+(measured: docs/design/003-library-kernels-on-the-cpu.md).
 :class:`BufferCache` keeps the numpy arrays behind the tensors it hands out; a tensor made by
 ``torch.from_numpy`` (and every view of it) holds a reference to its array, so an array whose
 only references are the cache's own is free: the caller has dropped every tensor that used it,

@@ -44,10 +44,9 @@ VIEW_OPS = ("Opaque", "Reshape", "Flatten", "Transpose", "Identity")
 
 CONV_OUT_MIN_BYTES = 8 << 20
 """Convolution outputs from this size on are written into a reused buffer (zeroed, then the
-convolution added into it). Smaller ones are left to the allocator, which mostly hands back
-memory still mapped from the previous call: on the 2-core VM (2026-11-24), a 1x1
-convolution to a 3.2 MB output took 0.228 ms into a fresh tensor and 0.251 ms zeroing a
-reused one, to a 12.8 MB output 5.6 against 5.2 ms, to a 51 MB output 15.1 against 6.8 ms."""
+convolution added into it): a fresh output that large is page-faulted in on every call. Smaller
+ones are left to the allocator, which mostly hands back memory still mapped from the previous
+call. Why this size (measured): docs/design/003-library-kernels-on-the-cpu.md."""
 
 
 def conv_takes_out(k: Kernel) -> bool:

@@ -2,8 +2,11 @@
 ``fn(env, out) -> tensor`` (:func:`compile_kernel`), used by
 :class:`~ollie.runtime.executor.CompiledProgram`:
 
-* library kernels (Matmul, Conv, G2BMM, GBMM) go through PyTorch (oneDNN / MKL on CPU,
-  cuBLAS / cuDNN on CUDA) and the band kernels of :mod:`ollie.runtime.library`;
+* library kernels: on the CPU a ``Matmul`` runs on the fastest matrix product for its
+  operands (:mod:`ollie.runtime.linear`) and a ``Conv`` with a constant weight on the fastest
+  convolution for its configuration (:func:`ollie.runtime.onednn.best_conv`), each measured on
+  its first call; on CUDA both go through PyTorch (cuBLAS / cuDNN); ``G2BMM`` / ``GBMM`` run
+  the band kernels of :mod:`ollie.runtime.band`;
 * eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
   reference interpreter when asked (``backend="reference"``);
 * ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
@@ -49,7 +52,8 @@ def library_of(k: Kernel) -> str | None:
 def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
     implementation (:func:`ollie.runtime.onednn.best_conv`: the weight packed for oneDNN once,
-    here, plain torch or ONNX Runtime), with ``alpha`` folded into the weight. A fused
+    here, plain torch, ONNX Runtime or a Winograd convolution), with ``alpha`` folded into the
+    weight. A fused
     epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
     then applies ``activation``."""
     p = k.params
@@ -109,8 +113,9 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
 def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
     """``torch.matmul`` of the two inputs (read through their views) times ``alpha``; on the
     CPU (``constants`` given) the fastest library for the operands' shapes and strides
-    (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN, a constant operand packed for
-    oneDNN once), chosen on the first call."""
+    (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN, either orientation, a constant
+    operand packed for oneDNN or for the register-blocked kernel once), chosen on the first
+    call for each shape and stride configuration."""
     alpha = float(k.params.get("alpha", 1.0))
     shape = tuple(k.output_shape)
     chosen: dict[tuple, tuple[str, linear.Product]] = {}
@@ -166,10 +171,9 @@ def pin_cuda_configs(kernels: Sequence[Kernel]) -> list[Kernel]:
 
 GENERATED_ACTIVATIONS = ("tanh",)
 """Activation parameters of an eOperator that its generated CPU code computes itself
-(:data:`ollie.codegen.body.TANH_PADE`: vectorised): DCGAN b16's last eOperator (a selective
-add of [16, 3, 64, 64] with tanh, 2026-11-24) took 0.352 / 0.355 ms as the generated add plus
-torch's ``tanh_`` (``tanh_`` alone: 0.192 ms on those values), 0.318 / 0.319 with tanh in the
-generated code. Sigmoid stays with torch (numba's ``np.exp`` is a scalar libm call)."""
+(:data:`ollie.codegen.body.TANH_PADE`: vectorised), faster than the generated code followed
+by torch's in-place function. Sigmoid stays with torch (numba's ``np.exp`` is a scalar libm
+call). Why (measured): docs/design/013-eoperator-kernels.md."""
 
 
 def generated_kernel(k: Kernel, backend: str) -> Kernel:
@@ -389,9 +393,8 @@ OUT_NODE_OPS = ("MaxPool2d", "Softmax")
 
 def writes_out(k: Kernel) -> bool:
     """Node kernels that can write into a given output buffer (max pooling of NCHW tensors,
-    softmax). A large tensor written into a reused buffer saves its first-touch page faults:
-    a fresh [8, 10000, 2001] softmax output (640 MB, Longformer's attention) took 200 ms on
-    the 2-core CPU, 40 ms written into a reused one."""
+    softmax). A large tensor written into a reused buffer saves its first-touch page faults
+    (docs/design/003-library-kernels-on-the-cpu.md)."""
     node = k.params.get("node") if k.kind == "Node" else None
     return k.params.get("op") in OUT_NODE_OPS and len(getattr(node, "outputs", ())) == 1 and \
         not k.params.get("activation") and not k.params.get("residual")

@@ -3,13 +3,12 @@ matmul primitive (``torch.ops.mkldnn._linear_pointwise``, the kernel torch.compi
 ``Linear`` layers run).
 
 Which one is faster depends on the machine and the shape: PyTorch's CPU build calls MKL for
-``torch.matmul``, and MKL on a non-Intel CPU may run its AVX2 code where oneDNN uses AVX-512
-(on the AMD EPYC this was developed on, 1024-cubed: MKL ~200 GFLOP/s, oneDNN ~450 GFLOP/s),
-while for a matrix-vector product oneDNN's per-call set-up costs more than the product. So the
-choice is measured once per configuration (shapes and strides of the operands), like a cuDNN
-benchmark-mode algorithm choice (:func:`ollie.runtime.onednn.fastest`), and every
-implementation is checked against ``torch.matmul`` on the operands of its first call before it
-is used.
+``torch.matmul``, and MKL on a non-Intel CPU may run its AVX2 code where oneDNN uses AVX-512,
+while for a matrix-vector product oneDNN's per-call set-up costs more than the product
+(measured: docs/design/003-library-kernels-on-the-cpu.md). So the choice is measured once
+per configuration (shapes and strides of the operands), like a cuDNN benchmark-mode algorithm
+choice (:func:`ollie.runtime.onednn.fastest`), and every implementation is checked against
+``torch.matmul`` on the operands of its first call before it is used.
 
 oneDNN's primitive computes ``x @ w.T`` for an ``x`` of any rank >= 2 and a 2-D ``w``; a product
 ``a @ b`` with a 2-D ``b`` is ``linear(a, b.T)`` (``b.T`` is a view: no copy), and one with a 2-D
@@ -62,12 +61,11 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
     """The implementations of ``(a, b) -> activation(a @ b + bias)`` that can run on operands
     like ``a`` and ``b``: ``"MKL"`` (``torch.matmul``) always, ``"MKL transposed"``
     (``(b.T @ a.T).T``, made contiguous) for 2-D operands, the oneDNN ones where ``b``
-    (``"oneDNN"``) or ``a`` (``"oneDNN transposed"``) is a matrix (2-D, or a batch of one).
-    MKL's kernel for a tall product with a transposed first operand and a few columns is slow:
-    a strided transposed convolution derived as a product (InfoGAN's 448 -> 256 layer at batch
-    1: a ``[4096, 448]`` transposed view times ``[448, 4]``) took 585 us with MKL, 334 us with
-    oneDNN transposed and 178 us as ``[4, 448] @ [448, 4096]`` transposed back (2-core Xeon
-    VM, 2026-11-24).
+    (``"oneDNN"``) or both (``"oneDNN transposed"``, without ``bias``) are matrices (2-D, or a
+    batch of one).
+    MKL's kernel for a tall product with a transposed first operand and a few columns (a
+    strided transposed convolution derived as a product) is slow; the transposed forms compute
+    it as the short product (docs/design/003-library-kernels-on-the-cpu.md).
     The oneDNN ones return ``a @ b``'s elements in its row-major order, not always in its
     shape (leading size-1 dimensions may be missing): callers reshape.
 
@@ -78,11 +76,7 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
     ``b`` with a multiple of 16 columns into the panels of the register-blocked kernel
     (``"blocked"``, :mod:`ollie.runtime.blocked_gemm`): oneDNN's primitive
     otherwise re-lays out its weight on every call, which for a product with few rows is most
-    of its time. InfoGAN's 448 -> 256 transposed convolution at batch 1 as ``[4, 448] @ [448,
-    4096]`` (2-core AVX2 EPYC VM, 2026-11-25, alternating, scratch ``lin2.py``): 0.258 ms
-    packed against 0.736 unpacked, 1.71 with MKL, and 1.10 ms for ONNX Runtime's
-    ``ConvTranspose``; DCGAN's 512 -> 256 at batch 1 (``[16, 512] @ [512, 4096]``) 0.955
-    against 1.617 and 2.109."""
+    of its time (measured: docs/design/003-library-kernels-on-the-cpu.md)."""
     post = ACTIVATIONS[activation]
 
     def mkl(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

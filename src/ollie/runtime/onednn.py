@@ -19,9 +19,11 @@ The callables then take ``(x, r)``.
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
 the primitive rejects). Every implementation is checked once against the torch function on a
 random input when it is built; a disagreement also gives ``None``. :func:`best_conv` times
-oneDNN-packed, plain torch and ONNX Runtime (:mod:`ollie.runtime.ort_conv`) once per
-configuration and keeps the fastest; :func:`node_runner` does this for graph nodes (the
-original operators a program keeps) on the first call for each input shape.
+oneDNN-packed, plain torch, ONNX Runtime (:mod:`ollie.runtime.ort_conv`) and, for large enough
+convolutions with a Winograd form, a Winograd convolution (:mod:`ollie.runtime.winograd`) once
+per configuration with cold caches and keeps the fastest; :func:`node_runner` does this for
+graph nodes (the original operators a program keeps) on the first call for each input shape.
+Why packed weights and a measured choice: docs/design/003-library-kernels-on-the-cpu.md.
 """
 
 from __future__ import annotations
@@ -106,10 +108,8 @@ def _agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
 def writes_into(conv: Conv) -> bool:
     """Whether ``conv`` takes ``out=``: a buffer of the output's shape to write the result
     into (its contents are overwritten; with a residual ``r``, ``out`` may be ``r`` itself).
-    A fresh large output is page-faulted in on every call: on the 2-core VM, a 1x1
-    convolution of a [16, 64, 56, 56] channels-last input to 256 channels took 15.1 ms into a
-    fresh tensor and 6.8 ms zeroing a reused one and adding into it; with a residual, 18.7 ms
-    fresh and 5.6 ms into the residual (2026-11-24)."""
+    A fresh large output is page-faulted in on every call, which costs more than zeroing a
+    reused buffer (docs/design/003-library-kernels-on-the-cpu.md)."""
     return bool(getattr(conv, "takes_out", False))
 
 
@@ -281,14 +281,9 @@ CONV_OPS = ("Conv2d", "ConvTranspose2d")
 WINOGRAD_MIN_FLOPS = 24e6
 """A Winograd candidate (:mod:`ollie.runtime.winograd`) is built, its transforms compiled and
 timed, only for convolutions doing at least this many floating-point operations directly
-(:func:`direct_flops`): below, its three passes cost more than the multiplications they save.
-On a 2-core Intel Xeon VM (2026-11-24, batch 1, warm / cold caches, scratch ``wgate2.py``
-/ ``wgate3.py``), 3x3 convolutions of 4.7-18.9 MFLOP (32-128 channels, 8x8-16x16) ran at
-0.65-0.86 / 0.69-0.80 of oneDNN's speed through ``F(4x4, 3x3)``; the first wins came at 57.8
-MFLOP (64 and 128 channels at 28x28 and 14x14: 1.09x / 1.11x warm). Stride-2 4x4 transposed
-convolutions of 1.6-67 MFLOP (InfoGAN's and DCGAN's layers at batch 1) ran at 0.27-0.56 /
-0.31-0.63. Each channel block's transforms take ~5 s to compile, which small convolutions
-(a test's 8-channel networks) never paid back."""
+(:func:`direct_flops`): below, its three passes cost more than the multiplications they save,
+and compiling a channel block's transforms (seconds) is never paid back. Why this value
+(measured): docs/design/004-winograd-convolutions.md."""
 
 _CHOICES: dict[tuple, str] = {}
 """Per convolution configuration: the name of the implementation that measured fastest."""

@@ -131,10 +131,8 @@ class Builder:
         """A ``Matmul`` kernel over strided views of its operands. A constant operand becomes
         an initializer holding what its view reads, and with every batch size 1 the product
         is 2-D: ONNX Runtime prepacks a constant right operand only when it is a 2-D
-        initializer. On the 2-core Xeon VM (2026-11-25, InfoGAN b1, one region, the
-        448 -> 256 layer as a transposed product + selective add): 0.79 ms with the batched
-        product over reshapes of the weight, against 0.48-0.53 ms for the region of the
-        original operators."""
+        initializer (a batched product over reshapes of the weight was slower than the
+        original operators: docs/design/009-onnx-runtime-regions.md)."""
         from ollie.runtime.onnx_views import view_positions, view_read
 
         ops: list[np.ndarray | str] = []

@@ -44,8 +44,8 @@ def merged(scope: Scope, shape_of: Callable[[str | Scope], Shape]) -> Scope | No
     outside the inner tensor (zero as well). The nested scope's summation iterators join
     ``scope``'s (renamed where they clash). Else None. The two-stage selective add of a
     derived transposed convolution so becomes the one-stage form, one ``Col2Im``
-    (:func:`col2im`): on the 2-core Xeon VM (2026-11-25) InfoGAN's [2, 2, 1, 256, 4, 4]
-    two-stage add took 1270 us as two ``Col2Im`` against 23 us merged."""
+    (:func:`col2im`), far faster than two ``Col2Im`` (measured:
+    docs/design/009-onnx-runtime-regions.md)."""
     body = scope.body
     if not isinstance(body, Access) or not isinstance(body.source, Scope):
         return None
@@ -95,15 +95,12 @@ def col2im(b: Emitter, scope: Scope, shape_of: Callable[[str | Scope], Shape],
     iterator's and each nested scope's first one.
 
     ONNX Runtime's ``Col2Im`` lets a derived ``Matmul`` + selective add stay in a region
-    (a ``Gather`` over the grid costs more). On the 2-core Xeon VM (2026-11-25, InfoGAN
-    b1, ONNX Runtime on the exported model against the same model with its 448 -> 256
-    transposed convolution as ``MatMul`` (constant weight, prepacked) + ``Col2Im``,
-    alternating): 0.488-0.495 against 0.438-0.441 ms; the 256 -> 128 and 128 -> 64
-    layers so were slower (0.50-0.51 against 0.54-0.57 ms for both): which form runs is
-    measured by the selection. The two-stage form (one spatial dimension per stage, the
-    other read alone after it) is left to the general emission: as two ``Col2Im`` with
-    one-element kernels it took 1270 us against 23 us for the one-stage form on that
-    layer's [2, 2, 1, 256, 4, 4] columns (ONNX Runtime 1.32)."""
+    (a ``Gather`` over the grid costs more). Whether the derived form is faster than the
+    original transposed convolution depends on the layer, so which form runs is measured by
+    the selection. The two-stage form (one spatial dimension per stage, the other read alone
+    after it) is left to the general emission (:func:`merged` makes it one stage where that is
+    exact): as two ``Col2Im`` with one-element kernels it is far slower. Figures:
+    docs/design/009-onnx-runtime-regions.md."""
     body = scope.body
     if not isinstance(body, Access) or not scope.summation or \
             any(it.lo != 0 for it in scope.summation):

@@ -1,10 +1,9 @@
 """Convolutions run by ONNX Runtime's CPU kernels (MLAS): a third library implementation of a
 convolution kernel, next to oneDNN with packed weights and eager PyTorch.
 
-On some CPUs and shapes MLAS's convolution is much faster than oneDNN's (on the 2-core AMD
-EPYC, adding it took Ollie's SRCNN batch 16 from 567 ms to 253 ms end to end); the runtime
-measures the implementations once per configuration and keeps the fastest
-(:func:`ollie.runtime.onednn.best_conv`).
+On some CPUs and shapes MLAS's convolution is much faster than oneDNN's
+(docs/design/003-library-kernels-on-the-cpu.md); the runtime measures the implementations once
+per configuration and keeps the fastest (:func:`ollie.runtime.onednn.best_conv`).
 
 :func:`ort_conv` builds a one-node ONNX model (weights and bias as initializers, the input
 shape fixed, the activation as a following node that ONNX Runtime fuses) and an inference

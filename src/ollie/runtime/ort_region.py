@@ -4,9 +4,7 @@ A library convolution run by ONNX Runtime on its own (:mod:`ollie.runtime.ort_co
 its NCHW input into MLAS's blocked layout and its output back on every call. ONNX Runtime run
 on a whole graph keeps the blocked layout from one convolution to the next (its NCHWc layout
 transformer), which on some CPUs is what makes it faster than oneDNN called per operator
-(ResNet-18 batch 16 on the 2-core AMD EPYC: ONNX Runtime 140 ms, every convolution through
-packed oneDNN 170 ms, the whole network in oneDNN's blocked layout through
-``torch.utils.mkldnn`` 189 ms; measured 2026-11-22).
+(measured: docs/design/009-onnx-runtime-regions.md).
 
 This module finds maximal runs of consecutive program kernels that ONNX can express
 (:func:`exportable`: graph operators kept as ``Node`` kernels such as convolutions with their
@@ -28,7 +26,8 @@ choose_libraries` times the program with regions against the other library choic
 checks it against the reference outputs. :class:`Region` is also checked when it is built
 against the kernels it replaces, run one by one by Ollie's executor with PyTorch's plain
 operators on random inputs; a region that cannot be built or disagrees is not used (its
-kernels run one by one).
+kernels run one by one). Why regions, and the figures behind their calling conventions:
+docs/design/009-onnx-runtime-regions.md.
 """
 
 from __future__ import annotations
@@ -232,13 +231,9 @@ class Region:
 
     The session reads its inputs where the program's tensors are and writes its outputs into
     tensors given to it, through an I/O binding kept from one call to the next (one per
-    thread): a pointer is bound again only when it changed. Measured on the 2-core Xeon VM
-    (2026-11-24, InfoGAN batch 1, one region holding the whole network, bench settings, side
-    by side): the bound session alone 0.450-0.483 ms against ONNX Runtime's 0.487-0.499 ms
-    (its ``run`` converts the feed and allocates the outputs); the whole program 0.514 /
-    0.525 / 0.530 ms against 0.523 / 0.534 / 0.549 ms with the session fed numpy arrays by
-    ``run`` (a fourth pair, 0.582 / 0.544, in a round where ONNX Runtime also jumped to 0.555).
-    A new binding and a new output on every call saved nothing."""
+    thread): a pointer is bound again only when it changed, which saves ``run``'s conversion
+    of the feed and allocation of the outputs (measured:
+    docs/design/009-onnx-runtime-regions.md)."""
 
     def __init__(self, session: object, inputs: list[str], outputs: list[str],
                  shapes: Mapping[str, tuple[int, ...]], spinning: bool = False) -> None:
@@ -279,11 +274,8 @@ class Region:
         them and calls :meth:`run`). A program that is one region runs through this
         (:class:`ollie.runtime.executor.CompiledProgram`): each operation on a tensor between
         two runs of a session costs microseconds in a serving loop (the session's run leaves
-        the caches cold), so this path does the fewest. Measured on the 2-core Xeon VM
-        (2026-11-25, InfoGAN b1, bench settings, five alternating measurements): 0.513 /
-        0.513 / 0.530 / 0.523 / 0.520 ms against 0.527 / 0.526 / 0.540 / 0.526 / 0.534 ms
-        through ``run`` (ONNX Runtime itself 0.504 / 0.516 / 0.531 / 0.517 / 0.503 ms); after
-        a session's run, a ``data_ptr()`` costs ~2.5 us and a ``torch.from_numpy`` ~7 us."""
+        the caches cold), so this path does the fewest (measured:
+        docs/design/009-onnx-runtime-regions.md)."""
         if len(xs) != len(self._sizes):
             return None
         for x, size in zip(xs, self._sizes, strict=True):
@@ -339,10 +331,8 @@ def holds_all_compute(prog: Program, start: int, end: int) -> bool:
     """Whether ``prog.kernels[start:end]`` holds every compute kernel of the program (only
     memory-bound kernels run outside it). Such a region's session spins, as ONNX Runtime does
     by default: between its runs only cheap kernels compete for the cores, and a session whose
-    threads sleep pays to wake them at every parallel section. Measured on the 2-core VM
-    (2026-11-23, ResNet-18 b1, one region holding the whole network, five alternating
-    measurements with 0.2 s of idle time before each sample): 9.7-10.4 ms spinning against
-    17.4-19.4 ms not; ONNX Runtime itself on the exported model 9.4-10.1 ms and 17.7-19.3 ms."""
+    threads sleep pays to wake them at every parallel section (measured:
+    docs/design/002-measurement-protocol.md)."""
     return not any(_compute(k) for i, k in enumerate(prog.kernels) if not start <= i < end)
 
 

@@ -1,14 +1,12 @@
 """Max pooling of NCHW tensors on the CPU (``MaxPool2d`` is an opaque operator: the expression
 language has no max-reduction, so Ollie keeps it and runs it as fast as it can).
 
-PyTorch's CPU ``max_pool2d`` is fast on channels-last tensors but slow on NCHW-contiguous ones
-(measured on this project's 2-core machine for ResNet-18's stem pooling, ``[16, 64, 112, 112]``
-3x3 stride 2: 46 ms NCHW against 2.8 ms channels-last, and converting the layout first costs
-about 20 ms). This module pools NCHW planes with a numba kernel, separably: per output row,
-the maximum over the window's input rows (contiguous rows: vectorises) into a one-row buffer,
-then the maximum along that row's windows (no bounds checks for the windows inside the row).
-Planes are spread over the threads with ``prange``. Measured on that case: 4.5 ms (PyTorch
-channels-last 3.5 ms); at batch 1, 0.30 ms against 2.5 ms.
+PyTorch's CPU ``max_pool2d`` is fast on channels-last tensors but several times slower on
+NCHW-contiguous ones, and converting the layout first costs more than it saves (measured:
+docs/design/003-library-kernels-on-the-cpu.md). This module pools NCHW planes with a numba
+kernel, separably: per output row, the maximum over the window's input rows (contiguous rows:
+vectorises) into a one-row buffer, then the maximum along that row's windows (no bounds checks
+for the windows inside the row). Planes are spread over the threads with ``prange``.
 
 NaN propagates as in PyTorch (a window holding a NaN gives NaN). Out-of-range positions
 (padding) never take part. :func:`max_pool_runner` returns ``None`` for what the kernel does not

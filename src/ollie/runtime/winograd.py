@@ -1,5 +1,6 @@
 """Winograd convolutions ``F(m x m, r x r)`` on the CPU: fewer multiplications for stride-1
-convolutions with small square kernels.
+convolutions with small square kernels, and for strided transposed convolutions computed per
+output phase.
 
 A stride-1 convolution (2x2, 3x3 or 5x5 kernels, :data:`TILE`) computes ``m x m`` outputs of a
 tile from an ``n x n`` input patch, ``n = m + r - 1``. With the Cook-Toom matrices ``A^T``
@@ -22,32 +23,19 @@ no re-laid-out copy of the input.
 
 The transforms are generated numba kernels (:mod:`ollie.runtime.winograd_codegen`: per tile a
 pass down the columns and one along the rows, each loop over channels computing a whole
-column or row, vectorised), generated per channel block and stored in the kernel cache
-(:mod:`ollie.codegen.cache`); the products are one call of oneDNN's grouped 1x1 convolution
-with the ``U`` packed once (:func:`ollie.runtime.onednn.packed_conv2d`: ``V`` is a
-channels-last ``[1, P*n*n*cb, tiles, 1]`` image, ``P*n*n`` groups of the channel block ``cb``,
-the channels past ``C`` zero in ``V`` and in ``U``; ``P``: the parts, e.g. the four output
-phases of a stride-2 transposed convolution, :func:`phase_parts`) or of the register-blocked
-kernel of :mod:`ollie.runtime.blocked_gemm`, whichever runs them faster
-(:func:`ollie.runtime.blocked_gemm.grouped_products`, measured with cold caches per shape).
-With few tiles (a batch of small images) oneDNN runs
-them far below its matmul rate: InfoGAN b16's whole program ran in 8.1-8.8 ms with the
-blocked kernel chosen for its three Winograd layers against 9.3-10.4 ms with oneDNN's
-products only, DCGAN b16's in 21.2-22.7 against 23.3-24.7 ms (2-core EPYC VM, 2026-11-26,
-alternating in one process, scratch ``/tmp/w34/ab.py``). One call of each
-transform and of the products for all parts, against one per part before: InfoGAN's and
-DCGAN's b16 transposed convolutions ran 1.07-1.40x faster, InfoGAN's b1 layers 1.7-2.1x
-(2-core VM, 2026-11-26, alone, alternating in one process, scratch ``/tmp/w28/ab2.py``).
-On the 2-core VM (2026-11-24) it ran the 36 products at 389-436 GFLOP/s for 128-512
-channels, against 272-348 for 36 calls of oneDNN's matmul; both ran ~250 for 64 channels.
-A transposed convolution whose phases are each an ``r x r`` convolution is also built in the
-overlap-add form (:mod:`ollie.runtime.winograd_overlap`: one input transform of
-non-overlapping tiles shared by every phase, the phases' products side by side, the overlaps
-added in the output transform), and the faster form kept (:func:`_fastest_tile`).
+column or row, vectorised), generated per channel block, stored in the kernel cache
+(:mod:`ollie.codegen.cache`) and compiled side by side before a convolution's candidates are
+built (:func:`ollie.runtime.winograd_codegen.precompile`). The products of all parts (the
+output phases of a strided transposed convolution, :func:`phase_parts`; one part otherwise)
+are one call of oneDNN's grouped 1x1 convolution with ``U`` packed once or of the
+register-blocked kernel of :mod:`ollie.runtime.blocked_gemm`, whichever measured faster for the
+shape with cold caches (:func:`ollie.runtime.blocked_gemm.grouped_products`); each transform
+likewise takes all parts in one call. A transposed convolution whose phases are each an
+``r x r`` convolution is also built in the overlap-add form
+(:mod:`ollie.runtime.winograd_overlap`), and the faster form kept (:func:`_fastest_tile`).
 Bias, a residual ``r`` (``f(conv(x) + r)``) and ReLU are applied in the output transform;
 other activations after it. The output is channels-last (the transforms' natural layout:
-channels innermost). The transform modules a convolution's candidates need are compiled side
-by side before they are built (:func:`ollie.runtime.winograd_codegen.precompile`).
+channels innermost).
 
 Numerics. The products sum ``C`` terms in float32 like a direct convolution; the transforms
 add and scale by the matrices' entries (for ``F(4, 3)``: integers up to 8 and ``1/24``), which
@@ -58,8 +46,15 @@ A tile's transforms mix all its elements, so an input holding a NaN or an infini
 direct convolution instead (:func:`ollie.runtime.winograd_common.exact_if_nonfinite`): NaN
 and infinities land where the model puts them, not over whole tiles.
 
-:func:`winograd_conv2d` returns the convolution, or ``None`` where it does not apply (stride,
-groups, a kernel size without a tile in :data:`TILE`, no oneDNN in this torch).
+:func:`winograd_conv2d` and :func:`winograd_conv_transpose2d` return the convolution (``f(x)``,
+or ``f(x, r)`` with a residual), or ``None`` where it does not apply (stride, groups, a kernel
+size without a tile in :data:`TILE`, no oneDNN in this torch) or disagrees with the torch
+function on a random input. The tile chosen for a configuration is remembered for the process.
+
+Why Winograd, these tiles and these transforms (with the measurements):
+docs/design/004-winograd-convolutions.md; transposed convolutions:
+docs/design/005-winograd-transposed-convolutions.md; the products:
+docs/design/006-blocked-gemm-micro-kernel.md.
 """
 
 from __future__ import annotations
@@ -89,46 +84,26 @@ TILE = {2: 4, 3: 4, 5: 4}
 """Output tile ``m`` per kernel size ``r``: ``F(4x4, 3x3)`` (``n = 6``: 4x fewer
 multiplications), ``F(4x4, 5x5)`` (``n = 8``: 6.25x fewer; points up to +-2 and +-1/2,
 errors up to ~1e-5 of the largest output on SRCNN's layers) and ``F(4x4, 2x2)`` (``n = 5``:
-2.56x fewer; the phases of 4x4 stride-2 transposed convolutions, :func:`phase_parts`;
-``F(2x2, 2x2)`` measured slower on DCGAN b16, 8.2-8.5 against 7.6-7.7 ms, its transformed
-input being 9/4 of the input). ``F(2x2, 5x5)`` measured 2-4x slower than oneDNN on SRCNN's
-5x5 layers: its transformed input is 9x the input. ``F(4x4, 5x5)`` on SRCNN's
-[1, 64, 224, 224] 64 -> 32 layer, channels-last input (2026-11-24): input transform 1.15 ms,
-products 2.14 ms (about 380 GFLOP/s), output transform 0.92 ms. Larger tiles need points
-whose powers grow fast (worse rounding): on DCGAN's b16 stride-2 layers alone (2-core AVX2
-EPYC VM, 2026-11-26, ReLU output against a float64 reference, error relative to its largest
-value), ``F(6x6, 2x2)`` erred by 1.8e-5 / 2.1e-5 and ``F(8x8, 2x2)`` by 6.7e-4 / 8.8e-4
-against 6.5e-6 / 8.2e-6 for ``F(4x4, 2x2)`` ([16, 128, 16, 16] 128 -> 64 / [16, 256, 8, 8]
-256 -> 128), and neither was faster (alternating: 10.7-10.9 and 9.5-9.6 ms against 9.4-9.6
-ms; 11.7-13.4 and 7.8-8.4 against 6.5-7.7 ms): ``F(6x6)`` tiles overrun the 16 or 8
-outputs per phase, and ``F(8x8)`` has 81 weight matrices per phase (42 MB at 256 -> 128)."""
+2.56x fewer; the phases of 4x4 stride-2 transposed convolutions, :func:`phase_parts`).
+Smaller tiles for these kernels (``F(2x2, 2x2)``, ``F(2x2, 5x5)``) transform more input per
+output and are offered only where :func:`tile_sizes` says so; larger ones (``F(6x6)``,
+``F(8x8)``) need interpolation points whose powers grow fast (larger rounding errors) and have
+more weight matrices per phase. Why these sizes (measured):
+docs/design/004-winograd-convolutions.md."""
 
 SMALL_TILE = 2
-"""``F(2x2, r x r)`` is also built, and the faster of it and the :data:`TILE` form taken
-(:func:`_fastest_tile`: timed alone with cold caches, as every library choice), where the
-:data:`TILE` form's transformed weights exceed the largest CPU cache: its products do fewer
-multiplications but read ``(m + r - 1)**2`` weight matrices, which then come from memory on
-every call, against ``(r + 1)**2``; and where ``F(2x2)`` does fewer multiplications (outputs
-smaller than the tiles: InfoGAN's 448 -> 256 layer, 2x2 outputs per phase, b16: 0.77 against
-1.77 ms alone, cold). DCGAN's 512 -> 256 transposed convolution (4x4 input,
-b16; 52 MB of ``F(4x4, 2x2)`` weights, 19 MB of ``F(2x2, 2x2)``) ran the whole b16 program
-2-5% faster with ``F(2x2)`` there (2026-11-24: 6.62 / 6.55 against 6.74 / 6.89 ms); with
-``F(2x2)`` on every layer, whose weights fit otherwise, it ran slower (8.2-8.5 against 7.6-7.7
-ms, 2026-11-23, the first transforms)."""
+"""The smaller output tile: ``F(2x2, r x r)`` is also built, and the faster of it and the
+:data:`TILE` form kept (:func:`_fastest_tile`: timed alone with cold caches, as every library
+choice), for the convolutions :func:`tile_sizes` names. Its products do more multiplications
+but read ``(r + 1)**2`` weight matrices against the :data:`TILE` form's ``(m + r - 1)**2``.
+Why: docs/design/004-winograd-convolutions.md."""
 
 WHOLE_BYTES = 48 << 20
 BLOCK_BYTES = 8 << 20
 """Transformed input plus products of all tiles up to ``WHOLE_BYTES``: one pass (one product
 call); above, blocks of about ``BLOCK_BYTES`` of tiles, transformed, multiplied and transformed
-back in turn, so the block stays in the caches. On the 2-core VM (32 MiB L3, 1 MiB L2 per
-core; 2026-11-24), with 4/8/16/32 MiB blocks against one pass: ResNet-18's [16, 64, 56, 56]
-layer (58 MB of both) took 7.1/6.4/7.7/8.6 ms against 12.3; its [16, 128, 28, 28] layer
-(29 MB) 4.9/4.4/4.5/4.2 against 4.1, and CSRNet's [16, 512, 14, 14] (38 MB) 18.9/17.2/15.2/14.1
-against 12.5 (a product call per block does less per call, at a lower rate). Inside a whole
-program, where other layers' weights evict a layer's transformed input between calls, blocks
-did not pay either: DCGAN b16 (2026-11-26, one process) ran 27.7-29.7 ms with
-blocks of 4 MiB above 6 MiB against 29.2-29.5 ms with these values, and 41-48 ms against
-20-26 ms with blocks of 1 MiB above 3 MiB."""
+back in turn, so that a block stays in the caches. Why these values (measured alone and in
+whole programs): docs/design/004-winograd-convolutions.md."""
 
 
 # ------------------------------------------------------------------------ the convolution
@@ -257,15 +232,8 @@ def phase_parts(weight: torch.Tensor, stride: int, padding: int
     phase's offsets, zero taps included), per output and channel pair the products do 25/16
     instead of 36/16 multiplications and the transformed weights are ``100*C*K`` floats
     instead of ``144*C*K`` (the weight itself: ``16*C*K``), at the price of one input
-    transform per phase. On the 2-core VM (2026-11-24), DCGAN b16 with every transposed
-    convolution on Winograd ran 7.58-7.67 ms per phase, 8.05-8.22 ms over the window and
-    8.9-9.1 ms on oneDNN; alone and with warm caches the window was faster on 3 of its 4
-    layers (e.g. [16, 128, 16, 16] 128 -> 64: 1.75 against 2.30 ms), the per-phase form on
-    the 512 -> 256 layer (1.58 against 2.12 ms; its window weights are 75 MB). Offering both
-    forms per layer to the cold-cache choice (2026-11-24, scratch ``/tmp/w/winwin.py``) took
-    the window for DCGAN b16's 128 -> 64 layer (2.13 against 2.43 ms alone, cold), and the
-    program ran 1.84-1.89x over eager against 1.93-1.94x per phase (two alternating process
-    pairs); InfoGAN b16 2.00-2.10x against 1.97x. Not offered."""
+    transform per phase. The window form is built only where this returns None: per phase
+    measured faster in whole programs (docs/design/005-winograd-transposed-convolutions.md)."""
     taps = _phase_taps(weight.shape[2], stride, padding)
     if _phase_window(taps) is None:
         return None
@@ -289,10 +257,12 @@ def winograd_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...]
     """``x -> f(conv_transpose2d(x, weight, bias, stride, padding, output_padding))`` by the
     output phases: one Winograd convolution per phase where each phase's taps form a kernel
     of :data:`TILE` (:func:`phase_parts`; InfoGAN's and DCGAN's 4x4 stride-2 layers: 2x2 per
-    phase), else one over a window spanning all phases (:func:`transposed_as_phases`); the
-    output transform writes each phase's elements to their interleaved positions. ``None``
-    where neither applies (square stride and kernel, no dilation or groups, every phase the
-    same size) or does not agree with ``F.conv_transpose2d`` on a random input."""
+    phase), and then also the overlap-add form (:mod:`ollie.runtime.winograd_overlap`), the
+    faster kept (:func:`_fastest_tile`); else one over a window spanning all phases
+    (:func:`transposed_as_phases`). The output transform writes each phase's elements to their
+    interleaved positions. ``None`` where none applies (square stride and kernel, no dilation
+    or groups, every phase the same size) or the result does not agree with
+    ``F.conv_transpose2d`` on a random input."""
     s = int(stride[0])
     if not (onednn._usable(weight) and len(input_shape) == 4
             and applies_transposed(tuple(weight.shape), stride, padding, dilation, groups)
@@ -337,11 +307,8 @@ def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[i
     more multiplications (tiles mostly past the output: a 2x2 output per phase, InfoGAN's
     448 -> 256 layer), or one tile covers the output (per residue class): then each of the
     ``(m + r - 1)**2`` weight matrices of a product serves one row per batch entry, and
-    reading the weights costs more than the multiplications saved. On the 2-core VM
-    (2026-11-26, scratch ``/tmp/w28/tiles.py``, alone, alternating), InfoGAN's 256 -> 128
-    layer ([b, 256, 4, 4] input, 4x4 outputs per phase) took 0.35-0.37 ms with ``F(2x2)``
-    against 0.65-0.70 with ``F(4x4)`` at b1, and 2.23-3.16 against 2.24-2.94 at b16; with 8x8
-    outputs per phase ``F(4x4)`` was faster (b16: 2.30-2.40 against 3.05-3.18 ms)."""
+    reading the weights costs more than the multiplications saved. Why (measured):
+    docs/design/004-winograd-convolutions.md."""
     from ollie.tune.measure import llc_bytes
 
     r = parts[0][0].shape[-1]
@@ -361,12 +328,11 @@ def tile_sizes(parts: list[Part], out_size: tuple[int, int], dil: int) -> list[i
 
 
 CACHE_MAX_BYTES = 32 << 20
-"""The most :func:`tile_sizes` takes the largest cache to hold. A virtual machine may report
-its host's whole last level cache (480 MiB on a 2-core Intel Xeon VM, 2026-11-24; cf.
-:data:`ollie.tune.measure.EVICT_MAX_BYTES`), and then no layer's weights "exceeded" it:
-DCGAN's 512 -> 256 transposed convolution at b16 (52 MB of ``F(4x4, 2x2)`` weights) was built
-with ``F(4x4)`` only, which took 4.41 ms there against 3.51 ms for ``F(2x2)`` (cold, alone;
-oneDNN 6.46 ms). 32 MiB is the L3 of the 2-core AMD EPYC the rule was measured on."""
+"""The most :func:`tile_sizes` takes the largest cache to hold, whatever the machine reports:
+a virtual machine may report its host's whole last-level cache (cf.
+:data:`ollie.tune.measure.EVICT_MAX_BYTES`), under which no layer's transformed weights would
+count as exceeding it. 32 MiB is the L3 of the machine the rule was measured on. Why:
+docs/design/004-winograd-convolutions.md."""
 
 
 def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],

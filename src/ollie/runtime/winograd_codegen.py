@@ -13,10 +13,8 @@ vectorises; indices into a row are a constant plus the loop variable, never a su
 numba's negative-index wrap-around would check per element. Interior tiles read the input
 directly; tiles at the border gather a zero-padded patch first.
 
-On the 2-core VM (AVX-512, 2026-11-24), SRCNN's [1, 64, 224, 224] 64 -> 32 5x5 layer's input
-transform took 1.2 ms this way, against 3.8 ms with one loop per transformed element (192
-loops of 64 channels per tile, whose entry costs dominated) and 5.7 ms with the tile's
-offset added into the index (the wrap-around check kept the stores scalar).
+Why this form (measured against one loop per transformed element and against offsets added
+into the index): docs/design/004-winograd-convolutions.md.
 """
 
 from __future__ import annotations
@@ -29,10 +27,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 KERNEL_VERSION = 11
-"""Part of the generated modules' names: bumped when the generated code changes (11: the
-transforms loop over the parts (output phases) of a tile in one call; 10: offsets
-and coefficients folded into the text, the same machine code; the input transform of
-``F(4x4, 2x2)`` compiled in 5.4 instead of 7.1 s, profiled, 2-core VM, 2026-11-24)."""
+"""Part of the generated modules' names: bump it whenever the generated text changes, so
+that modules of an older generator in the kernel cache are not imported (history:
+docs/design/010-caches.md)."""
 
 
 def _points(count: int) -> list[Fraction]:
@@ -166,8 +163,8 @@ INPUT_SIGNATURES = (
 """The signatures of ``transform_input`` compiled ahead (:func:`precompile`): the input as a
 C-contiguous channels-last array and as a strided one (an NCHW input read in place, as
 :func:`ollie.runtime.winograd._build` does for small planes: copying it to channels-last
-first was slower, e.g. 2.96-3.05 against 1.63-1.79 ms at [16, 256, 14, 14] for ``F(4x4,
-3x3)``, 2-core EPYC VM, 2026-11-26). Other types compile on their first call."""
+first was slower: docs/design/011-compiling-kernels-ahead.md). Other types compile on their
+first call."""
 
 OUTPUT_SIGNATURES = (
     "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[::1], float32[:, :, :, ::1], "
@@ -406,7 +403,7 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
     here they are compiled for :data:`INPUT_SIGNATURES` / :data:`OUTPUT_SIGNATURES`, into
     numba's cache, which the first call then loads. Returns how many modules were compiled. A
     convolution's candidates need two to four (input and output transform per tile size),
-    ~5 s per signature to compile on the 2-core VM."""
+    each taking seconds per signature to compile (docs/design/011-compiling-kernels-ahead.md)."""
     from ollie.codegen.cache import default_cache_dir, ensure_text
     from ollie.codegen.precompile import compile_side_by_side, compiled, enabled
 

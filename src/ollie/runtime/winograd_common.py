@@ -16,14 +16,10 @@ from ollie.runtime import onednn
 
 CHANNELS_LAST_PLANE = 1 << 14
 """An NCHW input whose planes hold this many elements or more is copied to channels-last
-first: the input transform reads a patch's channels one plane apart, and across planes of
-64 KiB or more every read is another page (SRCNN's [16, 64, 224, 224] 5x5 layer: 334 ms from
-NCHW against 135 ms from channels-last with the first generated transforms; with the
-column/row transforms at [16, 128, 28, 28], 3.9 ms reading NCHW against 4.0 ms copying first,
-and 0.28 against 0.25 ms at [1, 64, 56, 56]). Below, reading in place is faster, the copy
-costing more than it saves (``F(4x4, 3x3)`` input transform, 2-core EPYC VM, 2026-11-26:
-1.63-1.79 against 2.96-3.05 ms at [16, 256, 14, 14], 4.30-4.53 against 6.31-6.64 ms at
-[16, 512, 14, 14])."""
+before the input transform (:func:`input_array`); smaller ones are read in place. The input
+transform reads a patch's channels one plane apart, and across planes of 64 KiB or more every
+read is another page; below, the copy costs more than it saves. Why this threshold
+(measured): docs/design/004-winograd-convolutions.md."""
 
 
 def input_array(x: torch.Tensor, big_planes: bool) -> np.ndarray:

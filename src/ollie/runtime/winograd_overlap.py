@@ -6,19 +6,18 @@ stride-1 convolution of the same input (:func:`ollie.runtime.winograd.phase_part
 stride-2 kernels: 2x2 per phase) is computed per phase by ``F(m x m, r x r)`` in
 :mod:`ollie.runtime.winograd`, each phase transforming its own overlapping ``n x n`` input
 patches (``n = m + r - 1``): the transformed input is ``s*s * n*n / (m*m)`` times the input
-(6.25x for ``F(4x4, 2x2)``); writing it is memory-bound (DCGAN b16's three such layers:
-input transforms 0.5 / 0.8 / 1.6 ms of 17.5 ms in all, per call, 2-core EPYC VM,
-2026-11-26). Here the linear-convolution form (:mod:`ollie.runtime.winograd_overlap_codegen`)
-transforms each non-overlapping ``m x m`` input tile once for all phases (``n*n / (m*m)``
-times the input, 1.56x), the products of all phases are one product per transformed position
-with the phases' output channels side by side (``[tiles, C] @ [C, s*s*K]``, the same
-multiplications), and the output transform adds the ``r - 1`` rows and columns where
-neighbouring tiles' outputs overlap.
+(6.25x for ``F(4x4, 2x2)``), and writing it is memory-bound. Here the linear-convolution
+form (:mod:`ollie.runtime.winograd_overlap_codegen`) transforms each non-overlapping ``m x m``
+input tile once for all phases (``n*n / (m*m)`` times the input, 1.56x), the products of all
+phases are one product per transformed position with the phases' output channels side by side
+(``[tiles, C] @ [C, s*s*K]``, the same multiplications), and the output transform adds the
+``r - 1`` rows and columns where neighbouring tiles' outputs overlap.
 
 :func:`build` returns the convolution (``x -> f(conv_transpose2d(x) [+ r])``, channels-last
 output like :mod:`ollie.runtime.winograd`'s), or ``None`` where it does not apply;
 :func:`ollie.runtime.winograd.winograd_conv_transpose2d` offers it beside the per-phase form
-and keeps the faster (measured, cold caches).
+and keeps the faster (measured, cold caches). Why (measured):
+docs/design/005-winograd-transposed-convolutions.md.
 """
 
 from __future__ import annotations

@@ -81,13 +81,12 @@ class SearchConfig:
 
 
 TENSOR_MEMORY_FRACTION = 1 / 16
-"""Default :attr:`SearchConfig.max_tensor_bytes` as a fraction of physical memory. In the zoo
-run of 2026-11-23 (24 GiB VM), SRCNN, GCN and CSRNet at batch 16 derived candidates with
-intermediates of 2-18 GiB (e.g. a [16,512,14,14,512,3] re-layout: 9.2 GiB in float32, twice
-that in the interpreter). There each failed to allocate and was dropped, but deriving
-CSRNet's dilated convolution at batch 16 alone was killed by the OOM killer at 24 GB
-resident. With the fraction (1.5 GiB on that VM) the same derivation ran in 19.5 s and
-1.09 GB."""
+"""Default :attr:`SearchConfig.max_tensor_bytes` as a fraction of physical memory: a candidate
+with a larger tensor is dropped before it runs (verification runs its eOperators at full size
+through the float64 interpreter). Some derived re-layouts of large convolutions at batch 16
+hold intermediates of several GiB, and deriving them without a limit can end the process in
+the kernel's OOM killer. Why this fraction (measured):
+docs/design/014-expressions-and-search.md."""
 
 
 def default_max_tensor_bytes() -> int:

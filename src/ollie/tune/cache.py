@@ -1,10 +1,12 @@
 """Persistent cost cache (SQLite): measured seconds keyed by what was measured.
 
 A key is a string the caller builds from the candidate program's identity (the fingerprint
-of its kernel sequence), the input shapes and the device description, so re-optimising the
-same model on the same machine reuses every measurement. A second table keeps decisions:
-which program was chosen for a subprogram (by its expression's fingerprint), so that a warm
-re-optimisation skips the search altogether.
+of its kernel sequence), the input shapes and the device description (:func:`device_key`), so
+re-optimising the same model on the same machine reuses every measurement. A second table
+keeps decisions: which program was chosen for a subprogram (by its expression's fingerprint),
+the library choice and the program-context switches, so that a warm re-optimisation skips the
+search and the program-level comparisons. Why, and what each key version changed:
+docs/design/010-caches.md.
 """
 
 from __future__ import annotations
@@ -32,21 +34,9 @@ def default_cache_dir() -> Path:
 
 
 RUNTIME_VERSION = 22
-"""Bumped whenever kernels or the executor change in a way that changes measured times (it is
-part of every key, so measurements and decisions of an older runtime are not reused). 12:
-program-level comparisons settle before a spinning variant's samples (decisions timed before
-kept oneDNN over a faster ONNX Runtime region on InfoGAN b1). 13: softmax and convolutions
-write into reused buffers (large outputs no longer page-faulted in on every call). 14: the
-wide G2BMM / GBMM path works in cache-sized batch chunks. 15: Winograd convolutions (a new
-per-operator candidate and program-level choice). 16: Winograd transposed convolutions per
-output phase; the program-level choice "Winograd wherever it applies". 17: Winograd transforms
-as vectorised column and row passes (1.03-1.8x faster convolutions). 18: Winograd convolutions
-choose between F(4x4) and F(2x2) tiles; tanh computed in generated eOperator code. 19: matrix
-products may run as ``(b.T @ a.T).T`` ("MKL transposed"); ONNX Runtime regions run through a
-kept I/O binding. 20: Winograd's F(2x2) tile also tried where the F(4x4) weights exceed 32 MiB
-whatever the cache the machine reports. 21: selective adds run in ONNX Runtime regions as
-``Col2Im`` (regions at opset 18); a program that is one region is called straight through its
-session. 22: a two-stage selective add is merged into one ``Col2Im`` in a region."""
+"""Part of every cost and decision key (:func:`device_key`): bump it whenever kernels or the
+executor change in a way that changes measured times, so that measurements and decisions of an
+older runtime are not reused (what each version changed: docs/design/010-caches.md)."""
 
 
 def device_key(device: str) -> str:

@@ -1,4 +1,8 @@
-"""Timing on the target device: median of repeated runs after warm-up."""
+"""Timing on the target device: medians of repeated runs after warm-up (:func:`measure`),
+interleaved comparisons of several functions (:func:`measure_alternating`), the collector
+paused while timing (:func:`gc_paused`) and cold-cache timing (:func:`evict_caches`). Every
+time is read from an injectable clock (:data:`Clock`). Why this protocol, with the
+measurements behind its constants: docs/design/002-measurement-protocol.md."""
 
 from __future__ import annotations
 
@@ -57,10 +61,10 @@ SETTLE_SECONDS = 0.2
 :func:`measure_alternating`)."""
 
 SETTLED_LEAD_SECONDS = 0.05
-"""The ``lead_seconds`` that go with :data:`SETTLE_SECONDS`: on the 2-core VM (2026-11-23),
-with one lead call after 0.2 s idle, InfoGAN b1 through Ollie (oneDNN and numba kernels)
-timed 0.59 ms against 0.37-0.39 ms back to back, while a spinning ONNX Runtime session
-recovered within its lead call."""
+"""The ``lead_seconds`` that go with :data:`SETTLE_SECONDS`: after a settle, one lead call is
+not enough for a program of several libraries' kernels to run at its steady-state speed
+again, while a spinning ONNX Runtime session recovers within it
+(docs/design/002-measurement-protocol.md)."""
 
 
 def settled_lead(settle: float) -> float:
@@ -72,11 +76,8 @@ def settled_lead(settle: float) -> float:
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (as ``timeit`` does), on again after
-    if it was on. In an optimisation the heap holds ~400k objects: a young-generation
-    collection triggered by a program's own allocations then took 0.7 ms, 3.5% of a 20 ms
-    sample, and a full one 87 ms (2-core VM, 2026-11-24, InfoGAN b16). The program-context
-    comparisons (:mod:`ollie.optimizer.context`) measured switches 4-6% apart, side by side in
-    a fresh process, anywhere from 3% slower to 5% faster."""
+    if it was on. In an optimisation's large heap a collection triggered by a program's own
+    allocations takes a measurable share of a sample (docs/design/002-measurement-protocol.md)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -112,20 +113,15 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     ``lead_calls``: untimed calls of a function right before each of its samples, so that a
     sample measures the function in the state its own previous call leaves (its thread pool
     awake, its buffers cached: a model served in a loop) rather than the state the previous
-    function left. On the 2-core VM, an InfoGAN b1 program timed one call per sample right
-    after PyTorch eager took 0.95-1.4 ms, and 0.44-0.50 ms in steady state.
+    function left (docs/design/002-measurement-protocol.md).
 
     ``hopeless``: a function whose call right after its warm-up took more than this many times
     the fastest one's is not timed in rounds; that call's time is returned (a selection among
-    candidates loses nothing, and a 300 ms candidate no longer costs seconds of rounds next
-    to 1 ms ones).
+    candidates loses nothing, and a very slow candidate costs no rounds next to fast ones).
 
     ``settle``: seconds slept before each sample (before its lead calls), so that threads the
-    previous function left busy-waiting are idle again. ONNX Runtime's default thread pool
-    spins after a run: on the 2-core VM (2026-11-23), in the 60 ms after one ResNet-18 ONNX
-    Runtime call whose threads spin, a loop of 256x256 torch matmuls ran 30-37 iterations,
-    against 69-71 after a call whose threads do not; over 0.6 s it lost ~40 iterations, most
-    of them in those first 60 ms.
+    previous function left busy-waiting are idle again (ONNX Runtime's default thread pool
+    spins after a run and slows whatever runs next: docs/design/002-measurement-protocol.md).
 
     ``lead_seconds``: after a settle, the lead calls go on for at least this long (their count
     estimated from the warm-up), so that the sample starts from a system running steadily
@@ -135,11 +131,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     threads spin) and before a sample that follows one of them; None: before every sample.
     Both sides matter: a spinning function slows the next one, and its own sample right after
     a torch function (OpenMP threads still busy-waiting, its own threads asleep) is slowed
-    too. On the 2-core VM (2026-11-23, InfoGAN b1, nine rounds, oneDNN program against one
-    spinning ONNX Runtime region): settling only after the region timed it 626-639 us against
-    356-432 us for oneDNN, so the optimizer kept oneDNN; settling before every sample gave
-    314-341 us against 356-359 us, as the model benchmark (settling before every sample)
-    measures the two.
+    too (settling only after it misjudged a region: docs/design/002-measurement-protocol.md).
 
     ``clock``: the time source of every time here (warm-up, samples, ``max_seconds``); the
     settles sleep real time (:func:`time.sleep`) whatever the clock."""
@@ -219,10 +211,8 @@ def llc_bytes() -> int:
 
 EVICT_MAX_BYTES = 64 << 20
 """The most :func:`evict_caches` writes. Some virtual machines report their host's whole last
-level cache: a 2-core Intel Xeon VM here (2026-11-24) reports a 480 MiB L3 (most likely its host's
-whole cache), so 1.5x of it was 720 MiB written before every timed call, 93 ms each (a 48 MiB
-buffer: 5.7 ms); in a test optimising an 8-channel GoogLeNet (cold kernel cache), 365
-evictions took 35 s of its 78 s."""
+level cache (hundreds of MiB), and writing 1.5x of that before every timed call would cost
+more than most of the calls timed (docs/design/002-measurement-protocol.md)."""
 
 _SCRATCH: list[np.ndarray] = []
 
