@@ -28,11 +28,14 @@ $(STAMP): pyproject.toml
 .PHONY: $(VENV)
 $(VENV): $(STAMP)
 
+# mypy checks the packages [tool.mypy] in pyproject.toml lists (`files`).
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
+	$(PY) -m mypy
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # `make test-load`: the whole suite while tools/cpu_hog.py keeps every core busy (one

@@ -28,7 +28,14 @@ from ollie.errors import ShapeError, UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Node, Scope, neg, var
 from ollie.semantics import random_inputs
 from ollie.semantics.check import _compare_arrays
-from ollie.testing.strategies import exprs, index_exprs, iters, scopes
+from ollie.testing.strategies import (
+    exprs,
+    index_exprs,
+    inputs_with_specials,
+    iters,
+    padded_products,
+    scopes,
+)
 
 
 def check(expr: Expr | str, inputs=None, seed: int = 0) -> np.ndarray:
@@ -134,6 +141,21 @@ def test_random_expressions_match_interpreter(expr):
 @given(nested_exprs())
 def test_random_nested_scopes_match_interpreter(expr):
     check(expr, seed=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(padded_products(), st.data())
+def test_padded_products_with_nan_and_inf_match_interpreter(expr, data):
+    """NaN and infinities in the inputs: the kernel gives the interpreter's NaN positions and
+    infinities (a read out of bounds annihilates the products it is a factor of, even where
+    the other factor is NaN or infinite)."""
+    check(expr, data.draw(inputs_with_specials(expr, max_specials=2)))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.one_of(exprs(depth=1), nested_exprs(), padded_exprs(), wrapped_exprs()), st.data())
+def test_random_expressions_with_nan_and_inf_match_interpreter(expr, data):
+    check(expr, data.draw(inputs_with_specials(expr)))
 
 
 # --------------------------------------------------------------------- hand cases
@@ -560,3 +582,23 @@ def test_reindexing_scopes_over_padding_are_inlined_only_when_exact(text, inline
     expr = ollie.parse(text)
     assert ("tmp_0" not in generate_source(expr)) == inlined
     check(expr)
+
+
+@pytest.mark.parametrize(("text", "inlined"), [
+    # the scope's element t = 0 is an ordinary 0 (A[-1] inside the scope): 0 * NaN is NaN
+    ("A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t - 1] }[i] * B[i]", False),
+    # its body is never a structural zero inside its ranges: inlined
+    ("A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t] * 2 }[i] * B[i]", True),
+    # read in a sum, not a factor: inlined (its zeros only add)
+    ("A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t - 1] }[i] + B[i]", True),
+])
+def test_scopes_whose_zeros_would_annihilate_a_product_are_not_inlined(text, inlined):
+    """An element of a nested scope is an ordinary value, a read of its body outside its
+    tensor a structural zero: a scope read as a factor is inlined only where its body is
+    never one, so NaN stays where the interpreter puts it."""
+    expr = ollie.parse(text)
+    assert (make_plan(expr).inlined == 1) == inlined
+    a = np.arange(1.0, 5.0, dtype=np.float32)
+    b = np.array([np.nan, 1.0, np.inf, 2.0], np.float32)
+    got = check(expr, {"A": a, "B": b})
+    assert np.isnan(got[0]) and np.isinf(got[2])

@@ -27,7 +27,7 @@ from ollie.codegen.cuda import clear_cache, compile_cuda, triton_source
 from ollie.codegen.cuda_plan import AUTOTUNE_CONFIGS, autotune_configs
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.semantics import random_inputs
-from ollie.testing.strategies import exprs
+from ollie.testing.strategies import exprs, inputs_with_specials, padded_products
 
 
 def _triton_works() -> str | None:
@@ -110,9 +110,11 @@ CASES = {
 
 
 def _check(expr: ollie.Expr | str, *, device: str = "cpu", interpret: bool = True,
-           cache_dir=None, seed: int = 0, config: tuple[int, int] | None = None) -> None:
+           cache_dir=None, seed: int = 0, config: tuple[int, int] | None = None,
+           inputs: dict[str, np.ndarray] | None = None) -> None:
+    """The kernel's output is the interpreter's (NaN where it has NaN, its infinities)."""
     expr = ollie.parse(expr) if isinstance(expr, str) else expr
-    inputs = random_inputs(expr, seed)
+    inputs = random_inputs(expr, seed) if inputs is None else inputs
     kernel = compile_cuda(expr, interpret=interpret, cache_dir=cache_dir, config=config)
     got = kernel({n: torch.from_numpy(a).to(device) for n, a in inputs.items()})
     assert got.shape == expr.shape and got.dtype == torch.float32
@@ -137,6 +139,53 @@ def test_case_matches_interpreter(name, cache_dir):
 @given(expr=exprs(depth=2))
 def test_random_expressions_match_interpreter(expr, cache_dir):
     _check(expr, cache_dir=cache_dir)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_with_nan_and_inf_matches_interpreter(name, cache_dir):
+    """NaN and infinities in the inputs reach exactly the interpreter's outputs: a read out of
+    bounds annihilates the products it is a factor of (``tl.where`` on its load mask)."""
+    expr = ollie.parse(CASES[name])
+    inputs = random_inputs(expr, 4)
+    rng = np.random.default_rng(len(name))
+    for a in inputs.values():  # the first and last elements (next to padding), and one more
+        flat = a.reshape(-1)
+        flat[[0, -1, rng.integers(0, flat.size)]] = [np.nan, -np.inf, np.inf]
+    _check(expr, cache_dir=cache_dir, inputs=inputs)
+
+
+@needs_triton
+def test_derived_transposed_convolution_keeps_nan_where_the_model_does(cache_dir):
+    """The gather of tests/codegen/test_nan_padding.py: NaN in two output columns, not the
+    whole row the kernel's band of taps reads."""
+    expr = ollie.parse("""
+        x0: [2, 7, 1, 8]
+        x1: [7, 1, 2, 2]
+        L<n=0:2, c=0:7, h=0:2, w=0:9> Sum<f=0:1, y=0:1, x=0:8>
+            x0[n, c + f, y, x] * x1[c + f, 0, h - y, w - x]""")
+    inputs = random_inputs(expr, 0)
+    inputs["x0"][0, 2, 0, 3] = np.nan
+    _check(expr, cache_dir=cache_dir, inputs=inputs)
+    got = compile_cuda(expr, interpret=True, cache_dir=cache_dir)(
+        {n: torch.from_numpy(a) for n, a in inputs.items()})
+    assert torch.isnan(got).sum() == 4  # columns 3 and 4 of rows 0 and 1 of image 0, channel 2
+
+
+@needs_triton
+@settings(max_examples=30, deadline=None)
+@given(expr=padded_products(), data=st.data())
+def test_padded_products_with_nan_and_inf_match_interpreter(expr, data, cache_dir):
+    """Triton's interpreter: the kernel gives the interpreter's NaN positions and infinities
+    (``tl.where`` on the load masks annihilates a product with a read out of bounds)."""
+    _check(expr, cache_dir=cache_dir, inputs=data.draw(inputs_with_specials(expr, 2)))
+
+
+@needs_triton
+@settings(max_examples=20, deadline=None)
+@given(expr=exprs(depth=2), data=st.data())
+def test_random_expressions_with_nan_and_inf_match_interpreter(expr, data, cache_dir):
+    _check(expr, cache_dir=cache_dir, inputs=data.draw(inputs_with_specials(expr)))
 
 
 @needs_triton

@@ -12,7 +12,6 @@ made in the interpreter and both code generators together.
 """
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -27,8 +26,6 @@ L<n=0:2, c=0:7, h=0:2, w=0:9> Sum<f=0:1, y=0:1, x=0:8>
 """
 
 
-@pytest.mark.xfail(strict=True, reason="expression semantics: a read out of bounds is 0, and "
-                   "0 * NaN is NaN (see the module docstring)")
 def test_derived_transposed_convolution_keeps_nan_where_the_model_does() -> None:
     expr = ollie.parse(DERIVED)
     rng = np.random.default_rng(0)

@@ -197,3 +197,30 @@ def test_paper_worked_example_conv3x3_to_matmul_and_offsetadd(capsys):
         "{ L<n=0:1, f=0:6, t=1:6, t1=1:6, r=0:3, s=0:3> Sum<c=0:4> "
         "A[n, c, t - 1, t1 - 1] * K[f, c, r, s] }[n, f, h + r, w + s, r, s]")
     assert "summation_splitting" in capsys.readouterr().out
+
+
+def test_rules_do_not_turn_ordinary_zeros_into_structural_ones_in_products():
+    """An element of a nested scope is an ordinary value, a read outside it a structural zero
+    (which annihilates NaN and infinities): where such a read is a factor of a product, rules
+    move no read between the two (ollie.ir.structural); in sums they still do."""
+    def notes(rule, text):
+        return [d.note for d in RULES[rule](ollie.parse(text))]
+
+    # traversal merging: the element t = 0 is an ordinary 0, A[-1] a structural one
+    factor = "A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t - 1] }[i] * B[i]"
+    assert not notes("traversal_merging", factor)
+    assert notes("traversal_merging", "A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t - 1] }[i] + B[i]")
+    assert notes("traversal_merging", "A: [4]\nB: [4]\nL<i=0:4> { L<t=0:4> A[t] * 2 }[i] * B[i]")
+    # boundary tightening: only to what the reader reads when the read is a factor
+    text = "A: [4]\nB: [6]\nL<i=0:6> { L<t=-1:6> A[t] }[i - 1] * B[i]"
+    assert notes("boundary_tightening", text) == ["t=-1:6 -> -1:5 at scope 0"]
+    assert notes("boundary_tightening", text.replace("] * B", "] + B")) == \
+        ["t=-1:6 -> 0:4 at scope 0"]
+    # boundary relaxing: never onto values the factor reads
+    relaxed = "A: [4]\nB: [6]\nL<i=0:6> { L<t=0:4> A[t] }[i - 1] * B[i]"
+    assert not notes("boundary_relaxing", relaxed)
+    # a summation range keeps the terms that are 0 * NaN where a factor is only zero in value
+    text = "A: [4]\nB: [9]\nL<i=0:1> Sum<k=-3:6> relu(A[k]) * B[k + 3]"
+    assert notes("boundary_tightening", text) == []
+    assert notes("boundary_tightening", text.replace("relu(A[k])", "A[k]")) == \
+        ["k=-3:6 -> 0:4 at root"]

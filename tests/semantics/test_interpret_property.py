@@ -3,7 +3,9 @@
 The brute-force evaluator below is written from EXPR_SYNTAX.md alone: it visits every traversal
 point and every summation point with ``itertools.product``, evaluates indices with
 ``Affine.evaluate`` on Python ints and the body on float64 scalars, reads 0 outside a tensor or a
-nested scope (indexed by iterator value), and sums in loop order.
+nested scope (indexed by iterator value) as a structural zero (a product with such a factor, or
+a quotient with such a numerator, is 0 whatever the other operand; so are its negation and the
+sum of two), and sums in loop order.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from ollie import interpret, parse
 from ollie.ir import Access, BinOp, Call, Const, Expr, Iter, Scope, make_expr, neg, var
 from ollie.semantics import gather, interpreter, random_inputs, sample_positions
+from ollie.testing.strategies import inputs_with_specials, padded_products
 
 FUNCS = {
     "relu": lambda x: max(x, 0.0) if not np.isnan(x) else x,
@@ -50,37 +53,46 @@ class Brute:
             self.cache[sc] = values, bounds
         return self.cache[sc]
 
-    def read(self, acc: Access, env) -> tuple[float, float]:
+    def read(self, acc: Access, env) -> tuple[float, float, bool]:
         idx = tuple(int(i.evaluate(env)) for i in acc.indices)
         if isinstance(acc.source, Scope):
             values, bounds = self.scope(acc.source)
-            return values.get(idx, np.float64(0.0)), bounds.get(idx, 0.0)
+            if idx in values:
+                return values[idx], bounds[idx], False
+            return np.float64(0.0), 0.0, True
         arr = self.inputs[acc.source]
         if all(0 <= i < d for i, d in zip(idx, arr.shape, strict=True)):
-            return arr[idx], abs(arr[idx])
-        return np.float64(0.0), 0.0
+            return arr[idx], abs(arr[idx]), False
+        return np.float64(0.0), 0.0, True
 
     def body(self, node, env) -> tuple[float, float]:
         """Value and a bound on the magnitude of the rounding-sensitive parts."""
+        v, m, _ = self.body_z(node, env)
+        return v, m
+
+    def body_z(self, node, env) -> tuple[float, float, bool]:
+        """:meth:`body` and whether the value is a structural zero."""
         if isinstance(node, Const):
-            return np.float64(node.value), abs(node.value)
+            return np.float64(node.value), abs(node.value), False
         if isinstance(node, Access):
             return self.read(node, env)
         if isinstance(node, BinOp):
-            (a, ma), (b, mb) = self.body(node.lhs, env), self.body(node.rhs, env)
+            (a, ma, za), (b, mb, zb) = self.body_z(node.lhs, env), self.body_z(node.rhs, env)
             if node.op == "+":
-                return a + b, ma + mb
+                return a + b, ma + mb, za and zb
             if node.op == "-":
-                return a - b, ma + mb
+                return a - b, ma + mb, za and zb
             if node.op == "*":
-                return a * b, ma * mb
-            return a / b, abs(ma / b)
+                return (np.float64(0.0), 0.0, True) if za or zb else (a * b, ma * mb, False)
+            if za:
+                return np.float64(0.0), 0.0, True
+            return a / b, abs(ma / b), False
         if isinstance(node, Call):
-            args = [self.body(x, env)[0] for x in node.args]
+            args = [self.body_z(x, env)[0] for x in node.args]
             v = np.float64(FUNCS[node.fn](*args))
-            return v, abs(v)
-        v, m = self.body(node.x, env)  # Neg
-        return -v, m
+            return v, abs(v), False
+        v, m, z = self.body_z(node.x, env)  # Neg
+        return -v, m, z
 
     def run(self, expr: Expr) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(all="ignore"):
@@ -199,3 +211,48 @@ def test_chunked_and_sparse_evaluation_match_brute_force(expr):
         sampled = interpret(expr, inputs, at=pts)
     assert_matches(actual, expected, mag, str(expr))
     assert_matches(sampled, expected[tuple(pts.T)], mag[tuple(pts.T)], str(expr))
+
+
+def with_specials(inputs: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """``inputs`` with one or two elements of each tensor made NaN, +inf or -inf."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, arr in inputs.items():
+        arr = arr.copy()
+        flat = arr.reshape(-1)
+        for pos in rng.choice(flat.size, size=min(flat.size, int(rng.integers(1, 3))),
+                              replace=False):
+            flat[pos] = rng.choice([np.nan, np.inf, -np.inf])
+        out[name] = arr
+    return out
+
+
+@given(expressions(), st.integers(0, 7))
+def test_structural_zeros_with_nan_and_inf_match_brute_force(expr, seed):
+    """NaN and infinities in the inputs: full, sampled, chunked and sparse evaluation give the
+    brute force's values (structural zeros annihilate them), NaN positions included."""
+    inputs = with_specials(random_inputs(expr, seed), seed)
+    expected, mag = Brute(inputs).run(expr)
+    assert_matches(interpret(expr, inputs), expected, mag, str(expr))
+    pts = sample_positions(expr.shape, 5, np.random.default_rng(seed))
+    assert_matches(interpret(expr, inputs, at=pts), expected[tuple(pts.T)], mag[tuple(pts.T)],
+                   str(expr))
+    with mock.patch.object(interpreter, "MAX_ELEMENTS", 8), \
+            mock.patch.object(gather, "MAX_ELEMENTS", 8), \
+            mock.patch.object(interpreter, "SPARSE_FRACTION", 1.0):
+        actual = interpret(expr, inputs)
+        sampled = interpret(expr, inputs, at=pts)
+    assert_matches(actual, expected, mag, str(expr))
+    assert_matches(sampled, expected[tuple(pts.T)], mag[tuple(pts.T)], str(expr))
+
+
+@given(padded_products(), st.data())
+def test_padded_products_with_nan_and_inf_match_brute_force(expr, data):
+    """Products of reads that leave their tensors, NaN and infinities in the inputs: full and
+    sampled evaluation give the brute force's values, NaN positions included."""
+    inputs = data.draw(inputs_with_specials(expr, max_specials=2))
+    expected, mag = Brute(inputs).run(expr)
+    assert_matches(interpret(expr, inputs), expected, mag, str(expr))
+    pts = sample_positions(expr.shape, 6, np.random.default_rng(0))
+    assert_matches(interpret(expr, inputs, at=pts), expected[tuple(pts.T)], mag[tuple(pts.T)],
+                   str(expr))

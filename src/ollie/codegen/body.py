@@ -2,10 +2,21 @@
 its reads (bounds-checked where the range analysis says so, branch-free), unary functions
 (``tanh`` by a vectorisable Pade form), and the module-level typed constants they use.
 Used by :mod:`ollie.codegen.emit`, which owns the loops around a point.
+
+Structural zeros (the semantics of :mod:`ollie.semantics.interpreter`). A checked read outside
+its buffer is a structural zero, and so is a read that is never in bounds (``Read.zero``), a
+product with a structural zero factor, a quotient with a structural zero numerator, the
+negation of one and the sum or difference of two. A product or quotient is then exactly 0
+whatever its other operand (NaN and infinities included): ``(a * b) if ok else 0`` with ``ok``
+the conjunction of its factors' in-bounds conditions. A checked read loads its (clipped)
+position unconditionally and is zeroed outside its condition only where its value is used as
+such (a sum, a function, a divisor, the point's value): a read that is a factor of a product
+costs no select of its own, the product's one select covers it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ollie.codegen.analysis import Read
@@ -54,6 +65,18 @@ class Consts:
         return [f"{n} = np.{d}({v!r})" for (v, d), n in self.names.items()]
 
 
+@dataclass(frozen=True, slots=True)
+class _Zero:
+    """Where a value is a structural zero: outside the in-bounds condition ``ok`` (a name;
+    None: everywhere). ``clean``: the value there already is that zero (``+0``, or ``-0``
+    for a negation); otherwise (a read of its clipped position) it is any value and
+    :meth:`Body.clean` selects the zero, ``-0`` when ``negative``."""
+
+    ok: str | None
+    clean: bool
+    negative: bool = False
+
+
 class Body:
     """SSA statements evaluating a body at one point (interior or boundary variant)."""
 
@@ -64,9 +87,13 @@ class Body:
         self.masks = masks  # conditions of masked summation loops (single-read bodies only)
         self.stmts: list[str] = []
         self.memo: dict[Node, str] = {}
+        self.zeros: dict[str, _Zero] = {}  # values that are structural zeros somewhere
+        self.cleaned: dict[str, str] = {}
+        self.conds: dict[str, str] = {}  # condition text -> its name
 
     def run(self, body: Node) -> tuple[list[str], str]:
-        return self.stmts, self.node(body)
+        """The statements and the name of the body's value (structural zeros as 0)."""
+        return self.stmts, self.clean(self.node(body))
 
     def fresh(self, text: str) -> str:
         name = f"_v{self.tag}{len(self.stmts)}"
@@ -83,17 +110,74 @@ class Body:
         elif isinstance(node, Access):
             out = self.read(em.info.reads[node])
         elif isinstance(node, Neg):
-            out = self.fresh(f"-{self.node(node.x)}")
+            x = self.node(node.x)
+            out = self.fresh(f"-{x}")
+            z = self.zeros.get(x)
+            if z is not None:
+                self.zeros[out] = _Zero(z.ok, z.clean, not z.negative and not z.clean)
         elif isinstance(node, BinOp):
-            out = self.fresh(f"{self.node(node.lhs)} {node.op} {self.node(node.rhs)}")
+            out = self.binop(node.op, self.node(node.lhs), self.node(node.rhs))
         else:
             assert isinstance(node, Call), node
             out = self.call(node)
         self.memo[node] = out
         return out
 
+    def cond(self, text: str) -> str:
+        """The name of a boolean condition (one per distinct text)."""
+        name = self.conds.get(text)
+        if name is None:
+            name = self.conds[text] = self.fresh(text)
+        return name
+
+    def clean(self, v: str) -> str:
+        """``v`` with its structural zeros selected (the value it has as an operand of a sum,
+        a function or a divisor, or as the point's value)."""
+        z = self.zeros.get(v)
+        if z is None or z.clean:
+            return v
+        out = self.cleaned.get(v)
+        if out is None:
+            zero = f"-{self.em.zero}" if z.negative else self.em.zero
+            out = self.fresh(zero if z.ok is None else f"{v} if {z.ok} else {zero}")
+            self.zeros[out] = _Zero(z.ok, True)
+            self.cleaned[v] = out
+        return out
+
+    def structural_zero(self) -> str:
+        """A value that is a structural zero everywhere (a read never in bounds)."""
+        out = self.fresh(self.em.zero)
+        self.zeros[out] = _Zero(None, True)
+        return out
+
+    def binop(self, op: str, a: str, b: str) -> str:
+        """``a op b`` with structural zeros: a product with one, or a quotient of one, is 0
+        wherever it is one, whatever the other operand; a sum or difference of two is one."""
+        za, zb = self.zeros.get(a), self.zeros.get(b)
+        if op in "+-":
+            a, b = self.clean(a), self.clean(b)
+            out = self.fresh(f"{a} {op} {b}")
+            if za is not None and zb is not None:
+                oks = [z.ok for z in (za, zb) if z.ok is not None]
+                ok = oks[0] if len(oks) == 1 or (oks and oks[0] == oks[1]) else \
+                    (self.cond(f"{oks[0]} | {oks[1]}") if oks else None)
+                self.zeros[out] = _Zero(ok, True)
+            return out
+        if op == "/":
+            b, zb = self.clean(b), None
+        zs = [z for z in (za, zb) if z is not None]
+        if not zs:
+            return self.fresh(f"{a} {op} {b}")
+        if any(z.ok is None for z in zs):
+            return self.structural_zero()
+        oks = sorted({z.ok for z in zs if z.ok is not None})
+        ok = oks[0] if len(oks) == 1 else self.cond(" & ".join(oks))
+        out = self.fresh(f"({a} {op} {b}) if {ok} else {self.em.zero}")
+        self.zeros[out] = _Zero(ok, True)
+        return out
+
     def call(self, node: Call) -> str:
-        args = [self.node(a) for a in node.args]
+        args = [self.clean(self.node(a)) for a in node.args]
         if len(args) == 1:
             return self.unary(node.fn, args[0])
         a, b = args
@@ -130,9 +214,11 @@ class Body:
         return self.fresh(f"{p} / {q}")
 
     def read(self, read: Read) -> str:
+        """A read's value: unchecked where in bounds, else its clipped position loaded and
+        marked a structural zero outside its condition (see :meth:`clean`)."""
         em = self.em
         if read.zero:
-            return em.zero
+            return self.structural_zero()
         buf = read.buffer.ident
         flat = em.idx(read.flat)
         conds = list(self.masks)
@@ -147,6 +233,7 @@ class Body:
         wrap = "np.float64({})" if em.dtype == "float64" else "{}"
         if not conds:
             return self.fresh(wrap.format(f"{buf}[np.uint64({flat})]"))
-        ok = self.fresh(" & ".join(conds))
+        ok = self.cond(" & ".join(conds))
         v = self.fresh(wrap.format(f"{buf}[np.uint64({flat} if {ok} else 0)]"))
-        return self.fresh(f"{v} if {ok} else {em.zero}")
+        self.zeros[v] = _Zero(ok, False)
+        return v

@@ -41,7 +41,7 @@ from ollie.cachedir import cache_root, checked_dir
 
 log = logging.getLogger(__name__)
 
-CODEGEN_VERSION = 24
+CODEGEN_VERSION = 25
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 

@@ -23,9 +23,16 @@ has no summation, float64 otherwise; the result is rounded to float32 once. With
 ``4097 * 6e-8 ~ 2.4e-4`` times the sum of the absolute values of the terms for float32 sums
 (typically ``sqrt(n) * u`` relative), and ``n * 2**-53 * sum(|term|)`` plus one float32 rounding
 (``u * |result|``) for float64 sums. Pairwise or Kahan summation is not used. The interpreter
-(``ollie.interpret``) computes in float64 and rounds once, so results agree within these bounds;
-NaN and inf propagate as in the interpreter's body-as-written evaluation (a read out of range is
-exactly 0 and never touches memory, so a NaN in an input shows only where it is read).
+(``ollie.interpret``) computes in float64 and rounds once, so results agree within these bounds.
+
+NaN and infinities. The kernel computes the interpreter's semantics, structural zeros included:
+a read outside its buffer (an input, or a materialised nested scope outside its ranges) is 0
+and annihilates the product it is a factor of, and the quotient it is the numerator of, even
+where the other operand is NaN or infinite (:mod:`ollie.codegen.body`); skipped summation
+points (clamped and residue-split loops, scatter forms) are exactly those terms. An element of a
+materialised nested scope is an ordinary value; a scope whose body may be a structural zero is
+not inlined where its read is a factor (:mod:`ollie.codegen.plan`). So a NaN or an infinity in
+an input reaches exactly the outputs whose terms read it, as in the interpreter.
 """
 
 from __future__ import annotations

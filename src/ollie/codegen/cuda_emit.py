@@ -15,7 +15,15 @@
   divisor first, so Triton's truncating ``//`` and ``%`` give Python's floor results;
 * a nested scope without summation is inlined (its iterators substituted by the reading
   indices, composed exactly in :class:`~ollie.ir.index.Affine` form); reads outside its region
-  give 0 through masks, or a ``tl.where`` when the body is not zero at zero inputs.
+  give 0 through masks, or a ``tl.where`` when the body is not zero at zero inputs;
+* structural zeros (the semantics of :mod:`ollie.semantics.interpreter`): every value carries
+  where it is not one (a disjunction of conjunctions of boundary checks). A masked load is a
+  structural zero where its mask fails, and so are a product with a structural zero factor, a
+  quotient with a structural zero numerator, the negation of one and the sum of two. A product
+  or quotient is ``tl.where(mask, a * b, 0.0)`` over its factors' masks, so it is 0 there even
+  where the other operand is NaN or infinite (no select when that operand is a finite literal:
+  the masked load's 0 times it is 0). An inlined scope's value is a structural zero only where
+  the read leaves the scope's region (an element of a scope is an ordinary value).
 
 Only builtin ``tl`` functions are used (no ``tl.sigmoid``/``tl.zeros``, which are themselves
 ``@jit`` functions), so kernels run the same under ``TRITON_INTERPRET=1`` whenever it was set.
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,12 +70,15 @@ _ZERO_AT_ZERO = frozenset({"relu", "abs", "sqrt", "tanh", "max", "min"})
 # --------------------------------------------------------------------- kernel writer
 @dataclass(frozen=True, slots=True)
 class _V:
-    """A generated value: its code (a name or literal), loop level, whether it is per-lane."""
+    """A generated value: its code (a name or literal), loop level, whether it is per-lane,
+    and where it is not a structural zero: ``inside`` is a disjunction of conjunctions of
+    checks (None: everywhere; empty: nowhere, the value is a structural zero)."""
 
     code: str
     level: int = 0
     block: bool = False
     lit: float | None = None
+    inside: tuple[tuple[_Check, ...], ...] | None = None
 
 
 def _int(v: int) -> _V:
@@ -144,6 +155,10 @@ class KernelWriter:
             self.cse[code] = v
             self.lines[level].append(f"{v.code} = {code}")
         return v
+
+    def structural_zero(self) -> _V:
+        """A structural zero everywhere (a read never inside its source)."""
+        return replace(self.lit(0.0), inside=())
 
     def lit(self, value: float) -> _V:
         value = float(value)
@@ -254,11 +269,44 @@ class KernelWriter:
             return self.access(n, ctx)
         if isinstance(n, Neg):
             x = self.node(n.x, ctx)
-            if x.lit is not None:
-                return self.lit(-x.lit)
-            return self.emit(f"-{x.code}", x.level, x.block)
+            v = self.lit(-x.lit) if x.lit is not None else \
+                self.emit(f"-{x.code}", x.level, x.block)
+            return replace(v, inside=x.inside)
         args = [self.node(a, ctx) for a in ((n.lhs, n.rhs) if isinstance(n, BinOp) else n.args)]
-        key = n.op if isinstance(n, BinOp) else n.fn
+        if isinstance(n, BinOp):
+            return self.binop(n.op, args[0], args[1])
+        return self.plain(n.fn, args)
+
+    def binop(self, op: str, a: _V, b: _V) -> _V:
+        """``a op b`` with structural zeros: a product with one, or a quotient of one, is 0
+        where it is one (``tl.where`` on the factors' load masks), whatever the other operand;
+        a sum or difference of two is one."""
+        if op in "+-":
+            v = self.plain(op, [a, b])
+            if a.inside is None or b.inside is None:
+                return v
+            return replace(v, inside=a.inside + b.inside)
+        zs = [x.inside for x in ((a, b) if op == "*" else (a,)) if x.inside is not None]
+        if not zs:
+            return self.plain(op, [a, b])
+        if any(not z for z in zs):
+            return self.structural_zero()
+        inside = zs[0] if len(zs) == 1 else \
+            tuple(dict.fromkeys(p + q for p in zs[0] for q in zs[1]))
+        v = self.plain(op, [a, b])
+        other = b if a.inside is not None else a
+        if len(zs) == 1 and other.lit is not None and math.isfinite(other.lit) and \
+                (op == "*" or other.lit != 0.0):
+            # a masked load is 0 outside: times (or over) a finite literal it stays 0
+            return replace(v, inside=inside)
+        m = self.combine("|", [self.mask(list(conj), v.block) for conj in inside])
+        assert m is not None
+        w = self.emit(f"tl.where({m.code}, {v.code}, 0.0)", max(v.level, m.level),
+                      v.block or m.block)
+        return replace(w, inside=inside)
+
+    def plain(self, key: str, args: list[_V]) -> _V:
+        """An operator (``key``: ``+ - * /``) or a function of ``args``, plain arithmetic."""
         if all(a.lit is not None for a in args):
             with np.errstate(all="ignore"):
                 return self.lit(_FOLD[key](*(np.float64(a.lit) for a in args)))
@@ -266,12 +314,12 @@ class KernelWriter:
         block = any(a.block for a in args)
         codes = [a.code if a.lit is None else f"tl.full([], {a.code}, tl.float32)"
                  for a in args]
-        if isinstance(n, BinOp):
-            code = f"{args[0].code} {n.op} {args[1].code}"
-        elif n.fn in _BINARY:
-            code = f"{_BINARY[n.fn]}({codes[0]}, {codes[1]}, {_NAN_ALL})"
+        if key in "+-*/":
+            code = f"{args[0].code} {key} {args[1].code}"
+        elif key in _BINARY:
+            code = f"{_BINARY[key]}({codes[0]}, {codes[1]}, {_NAN_ALL})"
         else:
-            code = _UNARY[n.fn](codes[0])
+            code = _UNARY[key](codes[0])
         return self.emit(code, level, block)
 
     def access(self, acc: Access, ctx: _Ctx) -> _V:
@@ -289,7 +337,7 @@ class KernelWriter:
         for e, n, lo in reversed(list(zip(idx, shape, los, strict=True))):
             c = self.checks(e, lo, lo + n)
             if c is None:
-                return self.lit(0.0)
+                return self.structural_zero()
             conds += c
             offset = offset + (e - lo) * stride
             stride *= n
@@ -309,14 +357,15 @@ class KernelWriter:
         v = self.emit(load, level, block)
         if lane is not None:
             v = self.emit(f"tl.where({lane.code}, {v.code}, 0.0)", max(level, lane.level), True)
-        return v
+        checks = (*conds, *ctx.masks)
+        return replace(v, inside=(checks,)) if checks else v
 
     def inline(self, sub: Scope, idx: list[Affine], ctx: _Ctx) -> _V:
         conds: list[_Check] = []
         for e, it in zip(idx, sub.traversal, strict=True):
             c = self.checks(e, it.lo, it.hi)
             if c is None:
-                return self.lit(0.0)
+                return self.structural_zero()
             conds += c
         inner = _Ctx({it.name: e for it, e in zip(sub.traversal, idx, strict=True)},
                      ctx.masks + tuple(conds))
@@ -326,7 +375,8 @@ class KernelWriter:
             m = self.mask(list(inner.masks), block)
             assert m is not None
             v = self.emit(f"tl.where({m.code}, {v.code}, 0.0)", max(v.level, m.level), block)
-        return v
+        # an element of the scope is an ordinary value: a structural zero only outside it
+        return replace(v, inside=(inner.masks,) if inner.masks else None)
 
     # ----------------------------------------------------------------- assembly
     def source(self, decorators: tuple[str, ...] = ()) -> str:

@@ -15,7 +15,10 @@ their scope's traversal iterators).
   scope's range along some iterator is inlined too when the scope is a single (scaled) read of
   a buffer that is then out of its bounds as well, so the inlined read gives the same 0 (a
   re-indexing scope over padding, e.g. ``{L<t=2:226> C[t - 2]}[h + r]``). Inlining is skipped
-  when it would recompute an expensive body many times per element (see :func:`_worth_inlining`);
+  when it would recompute an expensive body many times per element (see :func:`_worth_inlining`),
+  and where the read is a factor of a product (or a numerator) and the body may be a structural
+  zero inside the scope's ranges: an element of a scope is an ordinary value, a structural zero
+  of the inlined body would annihilate the product (:mod:`ollie.ir.structural`);
 * a summation iterator of a single value is replaced by that value first;
 * a scope whose body is one read of a nested scope with summation takes over the nested sum
   (:meth:`_Planner._merged`: ``Sum_x {Sum_y g}[idx] = Sum_x Sum_y g(idx, y)``) where that is
@@ -40,6 +43,7 @@ from math import prod
 
 from ollie.ir import Access, Affine, Expr, Node, Scope, children, map_body, tensor_names, var
 from ollie.ir.nodes import BinOp, Call, Const, Iter, Neg, accesses
+from ollie.ir.structural import annihilating_reads, may_be_structural
 
 POST_FUNCTIONS = ("relu", "tanh", "sigmoid", "exp", "log", "sqrt", "abs")
 """Unary functions a root scope may apply to the temporary it copies (:func:`_forward`)."""
@@ -194,8 +198,11 @@ class _Planner:
             self.rewritten[original] = merged
             return merged
 
+        factors = {acc for acc, live in annihilating_reads(scope.body) if live}
+
         def visit(node: Node) -> Node | None:
-            return self._access(node, scope) if isinstance(node, Access) else None
+            return self._access(node, scope, node in factors) if isinstance(node, Access) \
+                else None
 
         out = Scope(scope.traversal, scope.summation, map_body(scope.body, visit))
         self.rewritten[original] = out
@@ -239,13 +246,23 @@ class _Planner:
         return Scope(scope.traversal, (*scope.summation, *renamed),
                      map_body(inner.body, visit))
 
-    def _access(self, acc: Access, reader: Scope) -> Node:
+    def _access(self, acc: Access, reader: Scope, factor: bool) -> Node:
+        """``acc`` naming a buffer, or the body of its scope inlined; ``factor``: a structural
+        zero of the read can annihilate a product (:func:`~ollie.ir.structural.
+        annihilating_reads`), so a body that may itself be one is not inlined (the scope's
+        elements are ordinary values, its inlined body's structural zeros would annihilate)."""
         if isinstance(acc.source, str):
             return Access(self.inputs[acc.source].ident, acc.indices)
         inner = self.rewrite(acc.source)
         buffers = {b.ident: b for b in (*self.inputs.values(), *self.temps.values())}
+
+        def extents(read: Access) -> list[tuple[int, int]]:
+            buf = buffers[read.source]  # type: ignore[index]
+            return [(o, o + n) for o, n in zip(buf.offsets, buf.shape, strict=True)]
+
         if not inner.summation and _inlinable(acc, inner, reader, buffers) \
-                and _worth_inlining(inner, reader):
+                and _worth_inlining(inner, reader) \
+                and not (factor and may_be_structural(inner.body, inner.ranges, extents)):
             self.inlined += 1
             return _inline(inner, acc)
         buf = self.temps.get(inner)

@@ -27,6 +27,7 @@ from math import gcd
 from typing import Union
 
 import numpy as np
+import numpy.typing as npt
 
 from ollie.errors import ExprError
 
@@ -68,6 +69,9 @@ class Mod:
 
 Atom = Union[Var, FloorDiv, Mod]  # noqa: UP007  (a runtime alias used in isinstance checks)
 IndexLike = Union["Affine", int]
+IndexValue = int | np.integer | npt.NDArray[np.integer]
+"""The value of an index expression, or of an iterator, in :meth:`Affine.evaluate`: an integer
+(Python or numpy) at one point, an integer array at many points at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +193,11 @@ class Affine:
             out = out + _atom_simplify(atom, ranges) * c
         return out
 
-    def evaluate(self, env: Mapping[str, object]) -> object:
+    def evaluate(self, env: Mapping[str, IndexValue]) -> IndexValue:
         """Evaluate with iterator values from ``env`` (ints or numpy integer arrays)."""
-        total: object = self.const
+        total: IndexValue = self.const
         for atom, c in self.terms:
+            v: IndexValue
             if isinstance(atom, Var):
                 try:
                     v = env[atom.name]

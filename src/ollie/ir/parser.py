@@ -88,6 +88,7 @@ def tokenize(text: str, source: str | None = None) -> list[Token]:
             raise ParseError(f"unexpected character {text[pos]!r}", line, pos - line_start + 1,
                              source)
         kind = m.lastgroup
+        assert kind is not None, "every alternative of _TOKEN is a named group"
         tok = m.group()
         if kind not in ("ws", "comment"):
             tokens.append(Token(kind, tok, line, pos - line_start + 1))

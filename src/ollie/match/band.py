@@ -20,7 +20,7 @@ of ``j`` must be odd (``2w + 1``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ollie.ir import Access, Affine, Iter, Scope, make_expr, var
@@ -149,17 +149,18 @@ def _band_dim(op: str, table: IterTable, role: str, j: str) -> _Band | list[Issu
     return _Band(d.dim, i, j, dj, w, m, base, fresh_iter(table, "p"))
 
 
-def _plans(op: str, table: IterTable, r1: str, r2: str) -> list[_Plan] | list[Issue]:
+def _plans(op: str, table: IterTable, r1: str, r2: str) -> list[_Plan] | Mismatch:
+    """The plans with ``r1`` the first operand and ``r2`` the band one, or why there is none."""
     jl, fl = (label_of((r2, "O")), "XY") if op == G2BMM else ("XY", label_of((r2, "O")))
     allowed = ("XYO", "XY", label_of((r2, "O")))
     table = pin_unit_iterators(table, allowed)
     issues = foreign_groups(table, op, allowed)
     got = count_issue(op, "j", jl, table.group(jl), 1, 1)
     if issues or got:
-        return [*issues, *([got] if got else [])]
+        return mismatch(op, [*issues, *([got] if got else [])])
     band = _band_dim(op, table, r2, table.group(jl)[0])
     if isinstance(band, list):
-        return band
+        return mismatch(op, band)
     first, second = table.operand(r1), table.operand(r2)
     skip = {(r2, band.dim)}
     issues = [mixed_issue(op, table, d) for d in table.dims
@@ -168,7 +169,7 @@ def _plans(op: str, table: IterTable, r1: str, r2: str) -> list[_Plan] | list[Is
                for d in table.dims_of(r2) if d.dim != band.dim and not d.mixed
                and d.vars & {band.i, band.j}]
     if issues:
-        return issues
+        return mismatch(op, issues)
     gb = tuple(n for n in table.group("XYO") if n != band.i)
     gf = table.group(fl)
     idx2 = list(second.indices)
@@ -192,15 +193,15 @@ def _match(op: str, scope: Scope, decls: Mapping[str, tuple[int, ...]], name: st
     if isinstance(table, Mismatch):
         return Mismatch(op, table.issues)
     plans: list[_Plan] = []
-    failures: list[list[Issue]] = []
+    failures: list[Mismatch] = []
     for r1, r2 in (("X", "Y"), ("Y", "X")):
         got = _plans(op, table, r1, r2)
-        if got and isinstance(got[0], Issue):
-            failures.append(got)  # type: ignore[arg-type]
+        if isinstance(got, Mismatch):
+            failures.append(got)
         else:
-            plans += got  # type: ignore[arg-type]
+            plans += got
     if not plans:
-        return mismatch(op, min(failures, key=_severity))
+        return min(failures, key=lambda m: _severity(m.issues))
     plan = min(plans, key=lambda p: p.cost(p.table, op))
     notes = []
     for role, o, v in (("first", plan.first, plan.view_1), ("band", plan.second, plan.view_2)):
@@ -215,7 +216,7 @@ def _match(op: str, scope: Scope, decls: Mapping[str, tuple[int, ...]], name: st
     return _build(op, plan.table, plan, decls, name, notes)
 
 
-def _severity(issues: list[Issue]) -> tuple[int, int]:
+def _severity(issues: Sequence[Issue]) -> tuple[int, int]:
     """Prefer reporting the role assignment that got furthest (fewer group issues)."""
     return sum(i.kind == "group" for i in issues), len(issues)
 

@@ -194,13 +194,14 @@ def _normalise(table: IterTable, ax: _Axis, idx: Affine, p: str) -> _Axis:
                  lo, hi)
 
 
-def _plans(table: IterTable, ri: str, rk: str) -> list[_Plan] | list[Issue]:
+def _plans(table: IterTable, ri: str, rk: str) -> list[_Plan] | Mismatch:
+    """The plans with ``ri`` the input and ``rk`` the kernel, or why there is none."""
     i_op, k_op = table.operand(ri), table.operand(rk)
     io, ik = set(table.group(label_of((ri, "O")))), set(table.group("XY"))
     found, issues = _spatial(table, ri, io, ik)
     issues += [mixed_issue(OP, table, d) for d in table.dims_of(rk) if d.mixed]
     if issues:
-        return issues
+        return mismatch(OP, issues)
     found.sort(key=lambda a: a.dim or 0)
     axes: list[_Axis] = [_Axis()] * (2 - len(found))
     idx = list(i_op.indices)
@@ -240,15 +241,15 @@ def match_conv(scope: Scope, decls: Mapping[str, tuple[int, ...]], name: str | N
     if issues:
         return mismatch(OP, issues)
     plans: list[_Plan] = []
-    failures: list[list[Issue]] = []
+    failures: list[Mismatch] = []
     for ri, rk in (("X", "Y"), ("Y", "X")):
         got = _plans(table, ri, rk)
-        if got and isinstance(got[0], Issue):
-            failures.append(got)  # type: ignore[arg-type]
+        if isinstance(got, Mismatch):
+            failures.append(got)
         else:
-            plans += got  # type: ignore[arg-type]
+            plans += got
     if not plans:
-        return mismatch(OP, min(failures, key=len))
+        return min(failures, key=lambda m: len(m.issues))
     plan = min(plans, key=lambda p: p.cost(table))
     notes = _notes(plan)
     if notes and not layout_eops:

@@ -103,7 +103,7 @@ def candidate_orders(group: Sequence[str], stride_maps: Iterable[dict[str, int] 
     out = [tuple(group)]
     for sm in stride_maps:
         if sm is not None and len(group) > 1:
-            order = tuple(sorted(group, key=lambda n, sm=sm: -abs(sm.get(n, 0))))
+            order = tuple(sorted(group, key=lambda n: -abs(sm.get(n, 0))))
             if order not in out:
                 out.append(order)
     return out

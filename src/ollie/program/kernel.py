@@ -17,10 +17,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import SupportsIndex, SupportsInt
 
 from ollie.ir import Expr
 
 KINDS = ("Matmul", "Conv", "G2BMM", "GBMM", "eOp", "Alias", "Node")
+
+
+def as_int(value: object) -> int:
+    """``int(value)`` for a value of a kernel's ``params`` (typed ``object``): a Python or
+    numpy integer, or what else ``int`` converts; raises the ``TypeError`` (a value ``int``
+    does not take) or ``ValueError`` (a string that is no number) that ``int`` raises."""
+    if isinstance(value, int | str | bytes | bytearray):  # (the common case, checked fast)
+        return int(value)
+    if isinstance(value, SupportsInt | SupportsIndex):  # numpy integers, floats, ...
+        return int(value)
+    raise TypeError("int() argument must be a string, a bytes-like object or a real number, "
+                    f"not '{type(value).__name__}'")
 
 
 @dataclass(frozen=True, slots=True)

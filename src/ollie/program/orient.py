@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from ollie.ir import Access, Node, Scope, make_expr, map_body
 from ollie.match.eop import make_eop
 from ollie.match.layout import blas_trans
-from ollie.program.kernel import Kernel, View
+from ollie.program.kernel import Kernel, View, as_int
 from ollie.program.program import Program
 
 TALL = 32
@@ -42,7 +42,7 @@ def _groups(k: Kernel) -> tuple[int, int] | None:
     """``(j1, j2)``: the output dimensions ``[:j1]``, ``[j1:j2]``, ``[j2:]`` of Matmul ``k``
     that flatten to its ``b``, ``m`` and ``n`` (None when they do not)."""
     shape = tuple(k.output_shape)
-    b, m, n = (int(k.params[p]) for p in ("b", "m", "n"))  # type: ignore[call-overload]
+    b, m, n = (as_int(k.params[p]) for p in ("b", "m", "n"))
     j1 = next((j for j in range(len(shape) + 1) if math.prod(shape[:j]) == b), None)
     if j1 is None:
         return None
@@ -65,7 +65,7 @@ def transposable(prog: Program, i: int) -> bool:
             k.output in prog.outputs or len(k.views) != 2 or \
             any(v is None or len(v.sizes) != 3 for v in k.views):
         return False
-    m, n = (int(k.params.get(p, 1)) for p in ("m", "n"))  # type: ignore[call-overload]
+    m, n = (as_int(k.params.get(p, 1)) for p in ("m", "n"))
     if n < 2 or m < TALL * n or _groups(k) is None:
         return False
     readers = [prog.kernels[r] for r in _readers(prog, k.output)]
@@ -110,7 +110,9 @@ def transpose_product(prog: Program, i: int) -> Program:
     perm = [*range(j1), *range(j2, rank), *range(j1, j2)]
     root = k.expr.root
     trav = tuple(root.traversal[p] for p in perm)
-    a, b = _swap(k.views[1]), _swap(k.views[0])  # type: ignore[arg-type]
+    v0, v1 = k.views
+    assert v0 is not None and v1 is not None, "a transposable product reads two views"
+    a, b = _swap(v1), _swap(v0)
     params = {**k.params, "m": k.params["n"], "n": k.params["m"], "trans_a": blas_trans(a),
               "trans_b": blas_trans(b), TRANSPOSED: True}
     expr = make_expr(k.expr.decls, Scope(trav, root.summation, root.body))

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TypedDict
 
 import numpy as np
 import torch
 
-from ollie.ir import Access, BinOp, Call, Expr, Scope, accesses
+from ollie.ir import Access, Affine, BinOp, Call, Expr, Scope, accesses, const
 from ollie.match.eop import make_eop
-from ollie.program.kernel import Kernel
+from ollie.program.kernel import Kernel, as_int
 from ollie.program.program import Program
 from ollie.rules.inter import expression_fusion
 from ollie.rules.traversal_merging import inline
@@ -78,7 +79,7 @@ def inline_nested(expr: Expr) -> Expr:
         changed = False
         nested = [a for a in accesses(root.body) if isinstance(a.source, Scope)]
         for pos in range(len(nested)):
-            new = inline(root, pos)
+            new = inline(root, pos, expr.inputs)
             if new is not None:
                 root, changed = new, True
                 break
@@ -179,7 +180,16 @@ def _terms(node: object) -> list[object]:
     return [node]
 
 
-def epilogue_of(k: Kernel, source: str) -> dict[str, object] | None:
+class Epilogue(TypedDict, total=False):
+    """What an eOperator does after a convolution's output (:func:`epilogue_of`): each key
+    present only when it does that part."""
+
+    activation: str  # f, one of ACTIVATIONS
+    bias: list[str]  # per-channel bias tensors, in the order the eOperator adds them
+    residual: str  # the tensor added to the whole output
+
+
+def epilogue_of(k: Kernel, source: str) -> Epilogue | None:
     """What eOperator ``k`` does after ``source`` if it computes
     ``f(source[i...] + bias[c] + ... + r[i...])`` over the whole of ``source`` in its order,
     every part but the first optional (``f`` in :data:`ACTIVATIONS`, ``bias`` per-channel
@@ -189,11 +199,12 @@ def epilogue_of(k: Kernel, source: str) -> dict[str, object] | None:
     if k.kind != "eOp" or k.expr is None or source not in k.inputs:
         return None
     root = k.expr.root
-    body, found = root.body, {}  # type: ignore[var-annotated]
+    body, found = root.body, Epilogue()
     if root.summation:
         return None
     if isinstance(body, Call) and body.fn in ACTIVATIONS and len(body.args) == 1:
-        body, found["activation"] = body.args[0], body.fn
+        found["activation"] = body.fn
+        body = body.args[0]
     seen_source = False
     for term in _terms(body):
         whole, bias = _whole(k, term), _channel_bias(k, term)
@@ -236,8 +247,7 @@ def _symmetric(p: Kernel) -> bool:
         q.get("pw") == q.get("pw_end", q.get("pw"))
 
 
-def _accepts(p: Kernel, epilogue: dict[str, object], constants: Mapping[str, object]
-             ) -> bool:
+def _accepts(p: Kernel, epilogue: Epilogue, constants: Mapping[str, object]) -> bool:
     """Whether convolution kernel ``p`` can take ``epilogue``: an activation always; a bias
     (a constant) and a residual only on a ``Conv`` kernel with symmetric padding and a
     constant weight (one library call with a bias and a binary-add post-op), or (the
@@ -254,13 +264,13 @@ def _accepts(p: Kernel, epilogue: dict[str, object], constants: Mapping[str, obj
         return True
     biases = epilogue.get("bias", [])
     return _symmetric(p) and p.inputs[1] in constants and \
-        all(b in constants for b in biases)  # type: ignore[attr-defined]
+        all(b in constants for b in biases)
 
 
 def _conv_output(p: Kernel) -> tuple[int, ...]:
     """The ``[n, f, ho, wo]`` output a library ``Conv`` kernel computes (its expression may
     view the same storage as another shape)."""
-    q = {k: int(v) for k, v in p.params.items()  # type: ignore[call-overload]
+    q = {k: as_int(v) for k, v in p.params.items()
          if k in ("n", "f", "h", "w", "r", "s", "ph", "pw", "ph_end", "pw_end", "sh", "sw",
                   "dh", "dw")}
     ph_end, pw_end = q.get("ph_end", q["ph"]), q.get("pw_end", q["pw"])
@@ -301,7 +311,7 @@ def fuse_epilogues(prog: Program) -> Program:
             continue
         params = dict(p.params)
         inputs = list(p.inputs)
-        biases = list(epilogue.get("bias", []))  # type: ignore[call-overload]
+        biases = list(epilogue.get("bias", []))
         if biases:
             params["bias"] = len(biases)  # the runtime sums them once, when it is built
             inputs += biases
@@ -335,13 +345,12 @@ def identity_view(k: Kernel) -> tuple[int, tuple[int, ...], tuple[int, ...]] | N
     if k.kind != "eOp" or k.expr is None:
         return None
     root = k.expr.root
-    if root.summation or not isinstance(root.body, Access) or \
-            not isinstance(root.body.source, str):
-        return None
     acc = root.body
+    if root.summation or not isinstance(acc, Access) or not isinstance(acc.source, str):
+        return None
     shape = k.expr.inputs[acc.source]
     ranges = root.ranges
-    flat = 0
+    flat: Affine = const(0)
     stride = 1
     for idx, dim in zip(reversed(acc.indices), reversed(shape), strict=True):
         lo, hi = idx.bounds(ranges)

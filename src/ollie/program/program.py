@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,7 +110,7 @@ class Program:
         text = json.dumps(doc, indent=1, allow_nan=False)
         path.mkdir(parents=True, exist_ok=True)
         (path / "program.json").write_text(text)
-        np.savez(path / "constants.npz", **self.constants)
+        _save_constants(path / "constants.npz", self.constants)
 
     @classmethod
     def load(cls, path: str | Path) -> Program:
@@ -167,6 +168,16 @@ def _pairs(v: object, where: Path) -> list[tuple[object, object]]:
     if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
         raise FormatError(f"{where}: 'inputs' must be a list of [name, shape] pairs")
     return [(p[0], p[1]) for p in v]
+
+
+def _save_constants(path: Path, constants: Mapping[str, np.ndarray]) -> None:
+    """Write ``constants.npz`` as :func:`numpy.savez` does (an uncompressed zip of one ``.npy``
+    per constant), for every name: ``savez`` takes the names as keyword arguments, so it
+    fails on a constant named ``file`` and reads one named ``allow_pickle`` as its option."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in constants.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value))
 
 
 def _constants(path: Path) -> dict[str, np.ndarray]:

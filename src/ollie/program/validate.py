@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ollie.errors import OllieError, ShapeError
-from ollie.program.kernel import Kernel, View
+from ollie.program.kernel import Kernel, View, as_int
 
 if TYPE_CHECKING:
     from ollie.program.program import Program
@@ -75,7 +75,7 @@ def _check_kernel(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str
     if k.kind == "Conv":
         _check_conv(k, operands, where)
     elif k.kind in ("G2BMM", "GBMM"):
-        if int(k.params.get("w", 0)) < 0 or int(k.params.get("d", 1)) < 1:  # type: ignore
+        if as_int(k.params.get("w", 0)) < 0 or as_int(k.params.get("d", 1)) < 1:
             raise ShapeError(f"{where}: band width must be >= 0 and dilation >= 1")
     elif k.kind == "Alias":
         if len(k.inputs) != 1 or math.prod(shapes[k.inputs[0]]) != math.prod(out):
@@ -127,7 +127,7 @@ def _check_view(view: View, numel: int, where: str) -> None:
 
 
 def _check_conv(k: Kernel, operands: list[Shape], where: str) -> None:
-    p = {key: int(v) for key, v in k.params.items()  # type: ignore[call-overload]
+    p = {key: as_int(v) for key, v in k.params.items()
          if key in ("n", "c", "h", "w", "f", "r", "s", "sh", "sw", "dh", "dw", "groups")}
     groups = p.get("groups", 1)
     if len(operands) < 2 or min(p.get(key, 0) for key in ("sh", "sw", "dh", "dw")) < 1 or \
@@ -147,9 +147,11 @@ def _check_node(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str
     residual."""
     import torch
 
-    from ollie.graph import OPAQUE, run_node
+    from ollie.graph import OPAQUE, Node, run_node
 
     node = k.params["node"]
+    if not isinstance(node, Node):
+        raise TypeError(f"its 'node' parameter is a {type(node).__name__}, not a graph operator")
     residual = bool(k.params.get("residual"))
     ins = list(k.inputs[:-1] if residual else k.inputs)
     if [n for n in node.inputs if n] != ins or not node.outputs:

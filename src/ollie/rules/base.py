@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
+from ollie.ir.structural import annihilating_reads
 
 Path = tuple[int, ...]
 
@@ -98,6 +99,17 @@ def parent_reads(root: Scope, path: Path) -> tuple[Scope | None, list[Access]]:
     parent = scope_at(root, path[:-1])
     reads = [a for a in accesses(parent.body) if isinstance(a.source, Scope)]
     return parent, [reads[path[-1]]]
+
+
+def read_annihilates(root: Scope, path: Path) -> bool:
+    """Whether the read of the scope at ``path`` (not the root) by its parent is one whose
+    structural zero can annihilate a product or a quotient
+    (:func:`~ollie.ir.structural.annihilating_reads`): moving one of the values it reads
+    between inside the scope's range (an ordinary value, zero or not) and outside (a
+    structural zero) can then change NaN and infinities of the result."""
+    parent = scope_at(root, path[:-1])
+    live = [flag for acc, flag in annihilating_reads(parent.body) if isinstance(acc.source, Scope)]
+    return live[path[-1]]
 
 
 def with_root(expr: Expr, root: Scope) -> Expr:

@@ -17,6 +17,13 @@ Paper: ``L_{x in X} f  <=>  L_{x in X'} f`` where the elements of ``X' - X`` are
     values.
 Every decision comes from range analysis; no size is special.
 
+NaN and infinities stay exact (structural zeros, :mod:`ollie.semantics.interpreter`): a term
+dropped from or added to a sum is exactly 0 (:mod:`ollie.rules.zeros` proves values zero even
+where other reads are NaN or infinite). A nested scope's element inside its range is an ordinary
+value and a read outside it a structural zero, so a nested scope read where its zero can
+annihilate a product (:func:`~ollie.rules.base.read_annihilates`) only loses or gains values its
+reader never reads.
+
 Before / after (tightening: ``A[t - 1]`` is zero unless ``1 <= t < 6``)::
 
     A: [5]
@@ -29,7 +36,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ollie.ir import Expr, Iter, Scope, accesses
-from ollie.rules.base import Derived, Path, derive_each_scope, parent_reads, register
+from ollie.rules.base import (
+    Derived,
+    Path,
+    derive_each_scope,
+    parent_reads,
+    read_annihilates,
+    register,
+)
 from ollie.rules.zeros import access_extents, nonzero_interval
 
 Interval = tuple[int, int]
@@ -47,19 +61,19 @@ def read_hull(root: Scope, path: Path, dim: int) -> Interval | None:
     parent, reads = parent_reads(root, path)
     if parent is None:
         return None
-    lo, hi = None, None
-    for acc in reads:
-        a, b = acc.indices[dim].bounds(parent.ranges)
-        lo = a if lo is None else min(lo, a)
-        hi = b + 1 if hi is None else max(hi, b + 1)
-    return (lo, hi) if lo is not None else None
+    bounds = [acc.indices[dim].bounds(parent.ranges) for acc in reads]
+    if not bounds:
+        return None
+    return min(a for a, _ in bounds), max(b for _, b in bounds) + 1
 
 
 def _tighten(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
     shapes = expr.inputs
     out = []
+    factor = bool(path) and read_annihilates(expr.root, path)
     for dim, it in enumerate(scope.traversal if path else ()):
-        lo, hi = nonzero_interval(scope.body, scope.ranges, it.name, shapes)
+        lo, hi = it.range if factor else \
+            nonzero_interval(scope.body, scope.ranges, it.name, shapes)
         hull = read_hull(expr.root, path, dim)
         if hull is not None:
             lo, hi = max(lo, hull[0]), min(hi, hull[1])
@@ -98,11 +112,12 @@ def _extent_candidates(scope: Scope, name: str, shapes) -> list[Interval]:
 def _relax(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
     shapes = expr.inputs
     out = []
+    factor = bool(path) and read_annihilates(expr.root, path)
     for dim, it in enumerate(scope.traversal if path else ()):
         cur = it.range
         hull = read_hull(expr.root, path, dim)
         cands = []
-        if hull is not None:
+        if hull is not None and not factor:
             cand = (min(cur[0], hull[0]), max(cur[1], hull[1]))
             if cand != cur and _zero_outside(scope, it.name, cur, cand, shapes):
                 cands.append(cand)
@@ -110,7 +125,8 @@ def _relax(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
         for ext in _extent_candidates(scope, it.name, shapes):
             cand = (min(cur[0], ext[0]), max(cur[1], ext[1]))
             if cand != cur and cand not in cands and (
-                    read_inside or _zero_outside(scope, it.name, cur, cand, shapes)):
+                    read_inside or (not factor and
+                                    _zero_outside(scope, it.name, cur, cand, shapes))):
                 cands.append(cand)
         for lo, hi in cands:
             out.append((_with_range(scope, it.name, lo, hi),

@@ -6,7 +6,11 @@ A tensor ``T`` read by a scope is replaced by a re-laid-out copy ``T'`` — a ne
 
 * **split** dimension ``d`` by ``k``: ``T'[.., q, r, ..] = T[.., k*q + r, ..]``; a read
   ``T[.., e, ..]`` becomes ``T'[.., e / k, e % k, ..]`` (exact for every ``e``, padding
-  included: ``e`` is out of range exactly when ``e / k`` is);
+  included: ``e`` is out of range exactly when ``e / k`` is, or ``k*q + r`` is outside ``T``,
+  where ``T'`` holds 0). Not NaN-exact where ``k`` does not divide the dimension and a read
+  that leaves it is a factor of a product: ``T[e]`` there is a structural zero, ``T'``'s
+  element an ordinary 0, so ``0 * NaN`` of the other factor is NaN (the Conv5x5 -> Conv3x3
+  program reads its 5x5 kernel through such a 6x6 copy; see docs/design/015);
 * **merge** dimensions ``d, d+1``: ``T'[.., z, ..] = T[.., z / D1, z % D1, ..]``; a read
   ``T[.., a, b, ..]`` becomes ``T'[.., D1*a + b, ..]``, exact when every ``b`` read stays in
   ``[0, D1)`` (checked);
@@ -108,7 +112,7 @@ def permute_dims(scope: Scope, tensor: str, shape: Sequence[int], perm: Sequence
 
 def _apply(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
     """Structure-driven proposals: split a dimension by a coefficient used in it."""
-    out = []
+    out: list[tuple[Scope, str]] = []
     shapes = expr.inputs
     for acc in accesses(scope.body):
         if not isinstance(acc.source, str):

@@ -9,6 +9,13 @@ Conditions, checked from ranges: every read of the nested scope stays inside its
 ranges (outside, the read gives 0 but the inlined body might not). A nested scope with its own
 summation is inlined only when the reader's body is a product in which the read is one factor
 (``Sum_y (Sum_w g) * h == Sum_y Sum_w g * h``); its summation iterators join the reader's.
+A nested scope read where its structural zero could annihilate a product
+(:func:`~ollie.ir.structural.annihilating_reads`) is inlined only when its body can never be a
+structural zero: its elements are ordinary values, the inlined body's out-of-range reads would
+annihilate the product where the original multiplies a NaN or an infinity by an ordinary 0.
+
+Distributing a product over a nested sum is exact for finite values but not with infinities
+(``(1 + 0) * inf`` is inf, ``1 * inf + 0 * inf`` is NaN): that inlining is not NaN-exact.
 
 Before / after::
 
@@ -18,7 +25,10 @@ Before / after::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ollie.ir import Access, BinOp, Const, Expr, Iter, Neg, Node, Scope, map_body, var
+from ollie.ir.structural import annihilating_reads, may_be_structural, source_extents
 from ollie.rules.base import Derived, Path, derive_each_scope, fresh_name, register
 from ollie.rules.common import iter_names, subst_body
 
@@ -64,11 +74,15 @@ def _contains_target(node: Node, count: list[int], target_pos: int) -> bool:
     return found
 
 
-def inline(scope: Scope, target_pos: int) -> Scope | None:
-    """Inline the ``target_pos``-th nested scope read by ``scope``'s body, or None."""
+def inline(scope: Scope, target_pos: int,
+           shapes: Mapping[str, tuple[int, ...]] | None = None) -> Scope | None:
+    """Inline the ``target_pos``-th nested scope read by ``scope``'s body, or None. ``shapes``
+    (the declared tensors' shapes): what tells whether the inlined body may read outside a
+    tensor (None: every read may)."""
     reads = [a for a in _scope_accesses(scope.body)]
     acc = reads[target_pos]
-    inner: Scope = acc.source  # type: ignore[assignment]
+    inner = acc.source
+    assert isinstance(inner, Scope), "_scope_accesses keeps the reads of nested scopes only"
     ranges = scope.ranges
     for idx, it in zip(acc.indices, inner.traversal, strict=True):
         lo, hi = idx.bounds(ranges)
@@ -76,6 +90,11 @@ def inline(scope: Scope, target_pos: int) -> Scope | None:
             return None
     if inner.summation and not _is_factor(scope.body, target_pos):
         return None
+    live = [flag for a, flag in annihilating_reads(scope.body) if isinstance(a.source, Scope)]
+    if live[target_pos] and not inner.summation and \
+            (shapes is None or
+             may_be_structural(inner.body, inner.ranges, source_extents(shapes))):
+        return None  # an ordinary element would become a structural zero of the product
     taken = iter_names(scope)
     renames = {it.name: fresh_name(it.name, taken) for it in inner.summation}
     mapping = {it.name: idx for it, idx in zip(inner.traversal, acc.indices, strict=True)}
@@ -106,7 +125,7 @@ def _scope_accesses(body: Node) -> list[Access]:
 def _apply(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
     out = []
     for pos in range(len(_scope_accesses(scope.body))):
-        new = inline(scope, pos)
+        new = inline(scope, pos, expr.inputs)
         if new is not None:
             out.append((new, f"inline nested scope #{pos}"))
     return out

@@ -26,10 +26,11 @@ Before / after (shift ``t = h + r``, replacing ``h``)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from ollie.errors import ExprError
-from ollie.ir import Access, Affine, Expr, Iter, Scope, accesses, var
+from ollie.ir import Access, Affine, Expr, FloorDiv, Iter, Mod, Scope, accesses, var
 from ollie.rules.base import Derived, Path, derive_each_scope, fresh_name, register
 from ollie.rules.common import iter_names, subst_body
 
@@ -76,7 +77,7 @@ def substitute(scope: Scope, new_iters: Sequence[Iter], forward: Sequence[Affine
 
 
 # --------------------------------------------------------------------- proposals
-def _shift_proposals(scope: Scope) -> list[tuple[str, list, list, dict]]:
+def _shift_proposals(scope: Scope) -> list[tuple[str, str, Affine]]:
     trav = {it.name: it for it in scope.traversal}
     out, seen = [], set()
     for acc in accesses(scope.body):
@@ -121,7 +122,7 @@ def _split_proposals(scope: Scope) -> list[tuple[str, str, int]]:
         for idx in acc.indices:
             names = [n for n in idx.vars() if n in trav]
             for atom, _ in idx.terms:
-                if not hasattr(atom, "arg"):
+                if not isinstance(atom, (FloorDiv, Mod)):
                     continue
                 for n in atom.arg.vars() & set(trav):
                     add(n, atom.k)
@@ -185,15 +186,18 @@ def build_split(scope: Scope, name: str, k: int) -> Scope:
 
 
 def _apply(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
+    builds: list[tuple[Callable[[], Scope], str]] = [
+        *((partial(build_shift, scope, a, comb), f"shift {a} -> {comb}")
+          for _, a, comb in _shift_proposals(scope)),
+        *((partial(build_merge, scope, a, b), f"merge {a},{b}")
+          for _, a, b in _merge_proposals(scope)),
+        *((partial(build_split, scope, a, k), f"split {a} by {k}")
+          for _, a, k in _split_proposals(scope)),
+    ]
     out = []
-    for kind, a, b in _shift_proposals(scope) + _merge_proposals(scope) + _split_proposals(scope):
+    for build, note in builds:
         try:
-            if kind == "shift":
-                out.append((build_shift(scope, a, b), f"shift {a} -> {b}"))
-            elif kind == "merge":
-                out.append((build_merge(scope, a, b), f"merge {a},{b}"))
-            else:
-                out.append((build_split(scope, a, b), f"split {a} by {b}"))
+            out.append((build(), note))
         except ExprError:
             continue  # not valid here (checked, never assumed)
     return out

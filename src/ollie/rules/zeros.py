@@ -1,15 +1,21 @@
 """Zero analysis: where a scope body is provably zero, from zero padding and ranges alone.
 
 ``nonzero_interval(body, ranges, name, shapes)`` gives the half-open interval of values of
-iterator ``name`` outside which ``body`` is zero for every value of the other iterators.
-A read ``T[..., a*x + rest, ...]`` is zero unless ``0 <= a*x + rest < dim``; products
-intersect their factors' intervals, sums take the hull, ``relu/tanh/abs/sqrt`` keep their
-argument's, and anything not provably zero (``exp``, ``sigmoid``, a division by a tensor read)
-gives the whole range. The analysis is conservative: it may miss zeros, never invents them.
+iterator ``name`` outside which ``body`` is exactly zero for every value of the other iterators
+and of every tensor, NaN and infinities included (structural zeros,
+:mod:`ollie.semantics.interpreter`). A read ``T[..., a*x + rest, ...]`` is a structural zero
+unless ``0 <= a*x + rest < dim``; a product is one where a factor is (so the product
+intersects its factors' *structural* intervals: ``relu(A[x - 9]) * B[x]`` is ``0 * NaN`` where
+``B`` is NaN, only a product with a finite literal keeps its other factor's zeros), a quotient
+where its numerator is (a quotient by a finite non-zero literal keeps its numerator's zeros),
+sums take the hull, ``relu/tanh/abs/sqrt`` keep their argument's zeros (``relu(0)`` is 0, but
+not a structural zero), and anything not provably zero (``exp``, ``sigmoid``) gives the whole
+range. The analysis is conservative: it may miss zeros, never invents them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -77,28 +83,46 @@ def clear_cache() -> None:
 
 def _nonzero_interval(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
                       shapes: Mapping[str, tuple[int, ...]]) -> Interval:
+    return _intervals(body, ranges, name, shapes)[0]
+
+
+def _intervals(body: Node, ranges: Mapping[str, tuple[int, int]], name: str,
+               shapes: Mapping[str, tuple[int, ...]]) -> tuple[Interval, Interval]:
+    """``(value, structural)``: hulls of the values of ``name`` where ``body`` may be
+    non-zero, and where it may be other than a structural zero."""
     full = ranges[name]
     if isinstance(body, Const):
-        return (full[0], full[0]) if body.value == 0 else full
+        return ((full[0], full[0]) if body.value == 0 else full), full
     if isinstance(body, Access):
-        return read_interval(body, ranges, name, shapes)
+        r = read_interval(body, ranges, name, shapes)
+        return r, r
     if isinstance(body, Neg):
-        return _nonzero_interval(body.x, ranges, name, shapes)
+        return _intervals(body.x, ranges, name, shapes)
     if isinstance(body, BinOp):
-        a = _nonzero_interval(body.lhs, ranges, name, shapes)
+        va, sa = _intervals(body.lhs, ranges, name, shapes)
         if body.op == "/":
-            return a if isinstance(body.rhs, Const) else full
-        b = _nonzero_interval(body.rhs, ranges, name, shapes)
+            return (va if _finite_const(body.rhs, nonzero=True) else sa), sa
+        vb, sb = _intervals(body.rhs, ranges, name, shapes)
         if body.op == "*":
-            lo, hi = max(a[0], b[0]), min(a[1], b[1])
-            return (lo, max(lo, hi))
-        return _hull(a, b)
+            lo, hi = max(sa[0], sb[0]), min(sa[1], sb[1])
+            s = (lo, max(lo, hi))
+            if _finite_const(body.rhs):
+                return va, s
+            if _finite_const(body.lhs):
+                return vb, s
+            return s, s
+        return _hull(va, vb), _hull(sa, sb)
     assert isinstance(body, Call)
     if body.fn in ZERO_PRESERVING:
-        return _nonzero_interval(body.args[0], ranges, name, shapes)
+        return _intervals(body.args[0], ranges, name, shapes)[0], full
     if body.fn in ("max", "min"):
-        return _hull(*(_nonzero_interval(a, ranges, name, shapes) for a in body.args))
-    return full
+        return _hull(*(_intervals(a, ranges, name, shapes)[0] for a in body.args)), full
+    return full, full
+
+
+def _finite_const(node: Node, nonzero: bool = False) -> bool:
+    return isinstance(node, Const) and math.isfinite(node.value) and \
+        (not nonzero or node.value != 0.0)
 
 
 def _hull(a: Interval, b: Interval) -> Interval:

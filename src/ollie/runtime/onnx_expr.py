@@ -20,6 +20,14 @@ fastest first:
   (they read 0, as in the reference semantics; the gathered position is clipped first so
   NaN/inf never leak).
 
+Structural zeros (:mod:`ollie.semantics.interpreter`): a product with a factor read outside
+its tensor is exactly 0 even where the other factor is NaN or infinite, but a ``Pad`` or
+``Where`` zero times NaN is NaN in ONNX. A product (or quotient) one of whose factors (its
+numerator) may read outside its tensor, the other operand not a finite constant, raises
+:class:`~ollie.errors.UnsupportedError`: the kernel then ends the region and runs as generated
+code, which annihilates. Sums of reads (an OffsetAdd, a selective add) need nothing: a zero
+added is exact.
+
 A transposed convolution's selective add is one ``Col2Im`` (:mod:`ollie.runtime.onnx_col2im`).
 A sum of at most :data:`UNROLL` terms whose reads only become strided with its iterators fixed
 (an OffsetAdd) is unrolled into that many shifted reads added up.
@@ -43,6 +51,7 @@ from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
 from ollie.ir.index import Affine, Var
 from ollie.ir.nodes import Node, accesses
+from ollie.ir.structural import may_be_structural
 from ollie.runtime.onnx_col2im import selective_add
 from ollie.runtime.onnx_views import (
     MAX_ELEMENTS,
@@ -264,6 +273,8 @@ class _Scope:
             swish = self._hard_swish(node) if node.op == "*" else None
             if swish is not None:
                 return swish
+            if node.op in "*/":
+                self._refuse_annihilation(node)
             return self._apply(_BINARY[node.op], (node.lhs, node.rhs))
         assert isinstance(node, Call), node
         clip = self._clip(node) if node.fn in ("max", "min") else None
@@ -273,6 +284,30 @@ class _Scope:
             x = self._const(self.value(node.args[0]))
             return out_node(self.b, _UNARY[node.fn], [x], self.b.shapes[x], node.fn)
         return self._apply(_BINARY[node.fn], node.args)
+
+    def _refuse_annihilation(self, node: BinOp) -> None:
+        """Raise UnsupportedError for a product with a factor, or a quotient with a numerator,
+        that may be a structural zero (a read outside its tensor: a ``Pad`` or ``Where`` zero
+        here), unless the other operand is a finite constant (non-zero for a divisor): ONNX
+        would compute ``0 * NaN`` (NaN) where the expression's product is exactly 0."""
+        pairs = [(node.lhs, node.rhs), (node.rhs, node.lhs)] if node.op == "*" else \
+            [(node.lhs, node.rhs)]
+
+        def extents(acc: Access) -> list[tuple[int, int]]:
+            dims, firsts = self._shape_of(acc.source)
+            return [(f, f + d) for f, d in zip(firsts, dims, strict=True)]
+
+        for factor, other in pairs:
+            c = self._scalar_of(other)
+            if c is not None and math.isfinite(c) and (node.op == "*" or c != 0.0):
+                continue
+            if may_be_structural(factor, self.scope.ranges, extents):
+                text = " ".join(str(self.scope).split())
+                raise UnsupportedError(
+                    f"a {'product' if node.op == '*' else 'quotient'} of "
+                    f"{{ {text if len(text) < 120 else text[:117] + '...'} }} may read outside "
+                    "its tensor in a factor: the zero read would not annihilate NaN or "
+                    "infinities in ONNX (generated code does)")
 
     def _scalar_of(self, node: Node) -> float | None:
         """The value of ``node`` when it is a literal or a read of a one-element constant."""

@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ollie.caches import search_scope
 from ollie.fingerprint import FingerprintSet
@@ -263,10 +264,11 @@ def _diverse_order(cands) -> list[Candidate]:
 
 def derive(expr: Expr, max_depth: int = 7, time_budget: float = 60.0,
            config: SearchConfig | None = None,
-           progress: Callable[[dict], None] | None = None, **overrides: object) -> DeriveResult:
+           progress: Callable[[dict], None] | None = None, **overrides: Any) -> DeriveResult:
     """Hybrid derivation of one expression (API.md ``ollie.derive``). ``max_depth`` and
     ``time_budget`` replace those of ``config``; ``overrides`` replace its other
-    :class:`SearchConfig` fields (e.g. ``clock``, the time source of the budget)."""
+    :class:`SearchConfig` fields (e.g. ``clock``, the time source of the budget), each a value
+    of its field's type."""
     cfg = config or SearchConfig()
     cfg = replace(cfg, max_depth=max_depth, time_budget=time_budget, **overrides)
     with search_scope():

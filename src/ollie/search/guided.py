@@ -71,9 +71,8 @@ def normalize(expr: Expr, max_rounds: int = 32) -> tuple[Expr, list[Step]]:
 
 def _normalize_once(expr: Expr) -> tuple[Expr, Step] | None:
     for path, scope in scope_paths(expr.root):
-        nested = [a for a in accesses(scope.body) if isinstance(a.source, Scope)]
-        for pos, acc in enumerate(nested):
-            src = acc.source
+        nested = [a.source for a in accesses(scope.body) if isinstance(a.source, Scope)]
+        for pos, src in enumerate(nested):
             if src.summation or not isinstance(src.body, Access) or \
                     not isinstance(src.body.source, Scope):
                 continue
@@ -107,11 +106,11 @@ def _inline_relaxed(expr: Expr, child: Path, reader: Scope, pos: int) -> Scope |
     """Inline the ``pos``-th nested scope of ``reader`` (the child at path ``child``),
     relaxing the child's ranges first when the reader reads outside them where the child is
     zero anyway."""
-    src = [a for a in accesses(reader.body) if isinstance(a.source, Scope)][pos].source
+    src = [a.source for a in accesses(reader.body) if isinstance(a.source, Scope)][pos]
     relaxed = _relax_to_reads(expr, child, src)
     if relaxed is not None:
         reader = replace_scope(reader, (pos,), relaxed)
-    return inline(reader, pos)
+    return inline(reader, pos, expr.inputs)
 
 
 def _relax_to_reads(expr: Expr, path: Path, scope: Scope) -> Scope | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ollie.fingerprint import fingerprint
 from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
 from ollie.match import MATCHERS, MatchResult, Mismatch, make_eop
-from ollie.program.kernel import Kernel
+from ollie.program.kernel import Kernel, as_int
 
 # A rough machine model, only used to order options before they are measured.
 PEAK_FLOPS = 50e9
@@ -38,23 +38,30 @@ class Option:
 
 
 def kernel_cost(k: Kernel) -> float:
+    """Estimated seconds of library or eOperator kernel ``k`` (one with an expression)."""
     if k.kind == "eOp":
-        return EOP_SLOWDOWN * float(k.params.get("bytes", 0)) / BANDWIDTH
-    p = k.params
+        return EOP_SLOWDOWN * as_int(k.params.get("bytes", 0)) / BANDWIDTH
+
+    def p(key: str, fallback: str | None = None) -> int:
+        """Integer parameter ``key``, or parameter ``fallback`` where ``key`` is absent."""
+        params = k.params
+        return as_int(params[key] if fallback is None or key in params else params[fallback])
+
     flops = 0.0
     if k.kind == "Matmul":
-        flops = 2.0 * p["b"] * p["m"] * p["n"] * p["k"]
+        flops = 2.0 * p("b") * p("m") * p("n") * p("k")
     elif k.kind == "Conv":
-        oh = max(1, (p["h"] + p["ph"] + p.get("ph_end", p["ph"]) - p["dh"] * (p["r"] - 1) - 1)
-                 // p["sh"] + 1)
-        ow = max(1, (p["w"] + p["pw"] + p.get("pw_end", p["pw"]) - p["dw"] * (p["s"] - 1) - 1)
-                 // p["sw"] + 1)
-        flops = 2.0 * p["n"] * p["f"] * oh * ow * p["c"] * p["r"] * p["s"]
+        oh = max(1, (p("h") + p("ph") + p("ph_end", "ph") - p("dh") * (p("r") - 1) - 1)
+                 // p("sh") + 1)
+        ow = max(1, (p("w") + p("pw") + p("pw_end", "pw") - p("dw") * (p("s") - 1) - 1)
+                 // p("sw") + 1)
+        flops = 2.0 * p("n") * p("f") * oh * ow * p("c") * p("r") * p("s")
     elif k.kind == "G2BMM":
-        flops = 2.0 * p["b"] * p["m"] * (2 * p["w"] + 1) * p["k"]
+        flops = 2.0 * p("b") * p("m") * (2 * p("w") + 1) * p("k")
     elif k.kind == "GBMM":
-        flops = 2.0 * p["b"] * p["m"] * (2 * p["w"] + 1) * p["n"]
+        flops = 2.0 * p("b") * p("m") * (2 * p("w") + 1) * p("n")
     elems = 0
+    assert k.expr is not None, "library and eOperator kernels carry their expression"
     for shape in k.expr.inputs.values():
         n = 1
         for d in shape:
@@ -100,8 +107,8 @@ class Instantiator:
 
     def _options(self, scope: Scope, decls: dict[str, tuple[int, ...]]) -> list[Option]:
         per_child: list[list[Option]] = []
-        for acc in _nested(scope):
-            opts = self.options(acc.source, decls)
+        for nested in _nested(scope):
+            opts = self.options(nested, decls)
             if not opts:
                 return []
             per_child.append(opts)
@@ -118,15 +125,15 @@ class Instantiator:
         """Options for ``scope`` once its nested scopes are computed by ``children``."""
         decls = dict(decls)
         flat = _replace_nested(scope, children)
-        for opt, acc in zip(children, _nested(scope), strict=True):
-            decls[opt.output] = acc.source.shape
+        for opt, nested in zip(children, _nested(scope), strict=True):
+            decls[opt.output] = nested.shape
         child_kernels = tuple(itertools.chain.from_iterable(o.kernels for o in children))
         child_cost = sum(o.cost for o in children)
         child_rules = tuple(itertools.chain.from_iterable(o.rules for o in children))
         name = self.name_for(flat, decls)
         results = {t: MATCHERS[t](flat, decls, name) for t in self.targets}
         eop = make_eop(flat, decls, name)
-        sources = {o.output: a.source for o, a in zip(children, _nested(scope), strict=True)}
+        sources = {o.output: s for o, s in zip(children, _nested(scope), strict=True)}
         self.infos.setdefault(scope, ScopeInfo(flat, decls, results,
                                                str(eop.params.get("bound")), sources))
         own: list[tuple[tuple[Kernel, ...], str]] = [
@@ -143,8 +150,9 @@ class Instantiator:
         return self.options(expr.root, expr.inputs)
 
 
-def _nested(scope: Scope) -> list[Access]:
-    return [a for a in accesses(scope.body) if isinstance(a.source, Scope)]
+def _nested(scope: Scope) -> list[Scope]:
+    """The scopes ``scope``'s body reads directly (in print order, with repeats)."""
+    return [a.source for a in accesses(scope.body) if isinstance(a.source, Scope)]
 
 
 def _direct_tensors(scope: Scope) -> set[str]:

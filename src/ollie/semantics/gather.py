@@ -15,6 +15,9 @@ Three ways to read, fastest first:
   ``x`` appears in no other dimension, integer arrays elsewhere (clipped, then masked with
   ``np.where`` so NaN/inf of the source never leak into padded positions).
 * sparse: linear positions looked up with ``np.searchsorted``.
+
+:func:`in_range` gives where a read lies inside its source (the reads outside are the
+*structural zeros* of the interpreter's as-written evaluation).
 """
 
 from __future__ import annotations
@@ -75,6 +78,23 @@ def read(src: Source, indices: Sequence[Affine], grid: Grid, box: Box) -> np.nda
         return _sparse(src, indices, grid, box)
     view = _strided(src, indices, grid, box)
     return view if view is not None else _fancy(src, indices, grid, box)
+
+
+def in_range(src: Source, indices: Sequence[Affine], grid: Grid, box: Box
+             ) -> np.ndarray | bool | None:
+    """Where ``src[indices]`` lies inside the source over ``box``: None when everywhere,
+    False when nowhere, else a boolean array in broadcast form."""
+    env = grid.env(_names(indices), box)
+    mask = None
+    for idx, off, dim in zip(indices, src.offsets, src.shape, strict=True):
+        v = idx.evaluate(env) - off
+        if not isinstance(v, np.ndarray):
+            if not 0 <= v < dim:
+                return False
+        elif v.size and (v.min() < 0 or v.max() >= dim):
+            m = (v >= 0) & (v < dim)
+            mask = m if mask is None else mask & m
+    return mask
 
 
 def _names(indices: Sequence[Affine]) -> frozenset[str]:

@@ -1,18 +1,39 @@
 """The reference interpreter: the one definition of what an expression means.
 
 ``interpret(expr, inputs)`` evaluates the root scope. A scope ``L<x...> Sum<y...> body`` computes,
-at every traversal point, the sum over all summation points of ``body``; a read outside a
-tensor's (or a nested scope's) region gives 0. Arithmetic is float64, the result is rounded to
-float32 once at the end.
+at every traversal point, the sum over all summation points of ``body``. Arithmetic is float64,
+the result is rounded to float32 once at the end.
+
+Structural zeros. A read outside a tensor's (or a nested scope's) region is 0, and it is a
+*structural zero*: the term it belongs to is not there, as padding behaves in the operators
+expressions come from. At one point of the body, as written:
+
+* a read outside its source is a structural zero; a read inside is its element's value (an
+  element of a nested scope is an ordinary value, zero or not: a nested scope is a tensor);
+* ``a * b`` is exactly ``+0`` when ``a`` or ``b`` is a structural zero, whatever the other
+  (NaN and infinities included), and is then a structural zero itself;
+* ``a / b`` is exactly ``+0``, and a structural zero, when ``a`` is one (``b`` is used as a
+  value: ``x / A[-1]`` is ``x / 0``);
+* ``-a`` is a structural zero when ``a`` is one; ``a + b`` and ``a - b`` when both are;
+* literals and function calls are ordinary values (``exp`` of a structural zero is 1).
+
+For finite values this is plain arithmetic (``0 * x`` is 0, up to the sign of a zero); it
+differs only where plain arithmetic would give NaN from a read outside its source times NaN or
+an infinity (or over 0), so that NaN and infinities in the inputs reach exactly the outputs
+whose terms read them.
 
 How (see ``semantics/`` siblings): the body is normalised into a sum of terms (``terms.py``);
 each term's factors are evaluated over only the axes of the iterators they use (``gather.py``
-for reads, element-wise otherwise), then contracted to the output axes (``contract.py``). The
-iteration space is split into boxes so that no intermediate exceeds ``MAX_ELEMENTS`` elements
-(``grid.py``). A nested scope is closed, hence a constant tensor: it is evaluated once per call
-and read by iterator value. In sampled evaluation (``at=``) the traversal iterators take their
-values from the sampled points along one shared axis, and a nested scope is evaluated only at
-the positions those points read when these are few enough.
+for reads, element-wise otherwise), then contracted to the output axes (``contract.py``), with
+plain arithmetic. Wherever the result is not finite, the body is evaluated again as written
+with structural zeros (:func:`_redo_non_finite`), at those points only: that is exact, since a
+finite result involved only finite values. The iteration space is split into boxes so that no
+intermediate exceeds ``MAX_ELEMENTS`` elements (``grid.py``). A nested scope is closed, hence a
+constant tensor: it is evaluated once per call and read by iterator value. In sampled
+evaluation (``at=``) the traversal iterators take their values from the sampled points along
+one shared axis, and a nested scope is evaluated only at the positions those points read when
+these are few enough. Every evaluation (full, sampled, chunked; of the root or of a dense or
+sparse nested scope) goes through the same re-evaluation.
 
 Limits (``limits.py``): one call holds at most ``max_bytes`` in arrays that grow with the
 expression (inputs as float64, evaluated scopes) and evaluates at most ``max_work`` iteration
@@ -36,12 +57,13 @@ from ollie.semantics.gather import (
     DenseSource,
     Source,
     SparseSource,
+    in_range,
     read,
     requested_keys,
 )
 from ollie.semantics.grid import MAX_ELEMENTS, Box, Grid, iter_boxes, plan_blocks
 from ollie.semantics.limits import MAX_BYTES, MAX_WORK, Budget
-from ollie.semantics.terms import Factor, Term, eval_factor, expand
+from ollie.semantics.terms import Factor, Term, eval_factor, eval_written, expand
 
 SPARSE_FRACTION = 0.25
 """A sampled evaluation evaluates a nested scope only at the positions it reads when these are
@@ -189,11 +211,14 @@ def _redo_non_finite(scope: Scope, grid: Grid, sources: Mapping[str | Scope, Sou
     """Re-evaluate the body as written where ``out`` is inf or NaN.
 
     Term-wise evaluation reassociates (distributes products over sums, sums one operand of a
-    product before multiplying, scales sums by constants): exact up to float64 rounding for
-    finite values, but not where inf or NaN occur. A finite result means every value involved
-    was finite (barring float64 overflow), so only non-finite results need the body as written:
-    evaluated element-wise at each such point and every summation point, then summed (in chunks
-    of points, so that their positions stay small).
+    product before multiplying, scales sums by constants) and multiplies the zeros of reads
+    outside their sources like any value: exact up to float64 rounding for finite values, but
+    not where inf or NaN occur. A finite result means every value involved was finite (barring
+    float64 overflow), so only non-finite results need the body as written, with structural
+    zeros (:func:`~ollie.semantics.terms.eval_written`; a structural zero changes a value only
+    where plain arithmetic gives NaN: ``0 * NaN``, ``0 * inf``, ``0 / 0``, which no operation
+    or function turns back into a number): evaluated element-wise at each such point and every
+    summation point, then summed (in chunks of points, so that their positions stay small).
     """
     flat = out.reshape(-1)
     bad = np.flatnonzero(~np.isfinite(flat))
@@ -210,7 +235,8 @@ def _redo_non_finite(scope: Scope, grid: Grid, sources: Mapping[str | Scope, Sou
         else:
             points = np.zeros((len(part), 0), np.int64)
         values = np.zeros(len(part))
-        _add_term(term, Grid.at_points(scope, points), sources, values, budget, scope)
+        _add_term(term, Grid.at_points(scope, points), sources, values, budget, scope,
+                  written=True)
         flat[part] = values
 
 
@@ -220,12 +246,25 @@ def _describe(scope: Scope) -> str:
 
 
 def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
-              out: np.ndarray, budget: Budget, scope: Scope) -> None:
+              out: np.ndarray, budget: Budget, scope: Scope, written: bool = False) -> None:
     """``out += Sum<summation axes> term`` (broadcast over the output axes it does not use);
-    the points of the axes the term uses are charged to ``budget`` first."""
+    the points of the axes the term uses are charged to ``budget`` first. ``written``: the
+    term is one factor, the body, evaluated as written with structural zeros
+    (:func:`~ollie.semantics.terms.eval_written`)."""
 
-    def reader(box: Box):
+    def plain(box: Box):
         return lambda acc: read(sources[acc.source], acc.indices, grid, box)
+
+    def masked(box: Box):
+        def read_masked(acc: Access):
+            src = sources[acc.source]
+            return read(src, acc.indices, grid, box), in_range(src, acc.indices, grid, box)
+        return read_masked
+
+    def eval_at(f: Factor, box: Box):
+        if written:
+            return eval_written(f.node, masked(box))
+        return eval_factor(f, plain(box))
 
     coef = np.float64(term.coef)
     factors: list[tuple[Factor, frozenset[int]]] = []
@@ -234,7 +273,7 @@ def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
         if axes:
             factors.append((f, axes))
         else:  # a constant factor (reads at constant indices, functions of them)
-            coef = coef * np.asarray(eval_factor(f, reader(grid.full_box()))).reshape(())
+            coef = coef * np.asarray(eval_at(f, grid.full_box())).reshape(())
     used = frozenset().union(*(axes for _, axes in factors))
     budget.work(math.prod(grid.sizes[a] for a in used), lambda: f"a term of {_describe(scope)}")
     mult = _as_float(math.prod(n for a, n in enumerate(grid.sizes)
@@ -255,7 +294,7 @@ def _add_term(term: Term, grid: Grid, sources: Mapping[str | Scope, Source],
             if hit is not None and hit[0] == key:
                 value = hit[1]
             else:
-                value = np.broadcast_to(eval_factor(f, reader(box)), grid.box_shape(box, axes))
+                value = np.broadcast_to(eval_at(f, box), grid.box_shape(box, axes))
                 value = value.reshape([box[a][1] - box[a][0] for a in sorted(axes)])
                 cache[i] = (key, value)
             ops.append(value)

@@ -11,6 +11,12 @@ Normalisation distributes ``+`` and ``-`` over products, pulls ``Neg`` and const
 ``coef`` and turns ``x / c`` for a constant ``c != 0`` into ``x * (1/c)``. A side of a product
 that is a sum whose terms all use the same iterators stays one element-wise factor (no blow-up,
 same cost); distribution stops at :data:`MAX_TERMS` terms.
+
+:func:`eval_node` evaluates a node element-wise with plain arithmetic (the fast path);
+:func:`eval_written` evaluates it as written with structural zeros (a read outside its source
+annihilates the products and quotients it is a factor or numerator of: the semantics of
+:mod:`ollie.semantics.interpreter`), which the interpreter uses where plain evaluation gave a
+non-finite result.
 """
 
 from __future__ import annotations
@@ -133,6 +139,63 @@ def eval_node(node: Node, read: Callable[[Access], np.ndarray]):
         return _BINOPS[node.op](eval_node(node.lhs, read), eval_node(node.rhs, read))
     assert isinstance(node, Call), node
     return FUNCS[node.fn](*(eval_node(a, read) for a in node.args))
+
+
+InRange = np.ndarray | bool
+"""Where a value is not a structural zero: True (everywhere), False (nowhere) or a boolean
+array in broadcast form."""
+
+
+def eval_written(node: Node, read: Callable[[Access], tuple[np.ndarray, InRange | None]]):
+    """Element-wise float64 value of ``node`` as written, with structural zeros.
+
+    ``read`` gives a read's values and where it lies inside its source (None: everywhere).
+    A read outside its source is a *structural zero*, and so are a product with a structural
+    zero factor, a quotient with a structural zero numerator, the negation of one and the sum
+    or difference of two; a product or quotient that is a structural zero is exactly ``+0``
+    whatever its other operand (NaN and infinities included). Functions of any value, and
+    literals, are ordinary values. Call under ``np.errstate(all="ignore")``.
+    """
+    return _written(node, read)[0]
+
+
+def _written(node: Node, read) -> tuple[np.ndarray, InRange]:
+    if isinstance(node, Const):
+        return np.float64(node.value), True
+    if isinstance(node, Access):
+        value, inside = read(node)
+        return value, True if inside is None else inside
+    if isinstance(node, Neg):
+        value, ok = _written(node.x, read)
+        return np.negative(value), ok
+    if isinstance(node, Call):
+        return FUNCS[node.fn](*(_written(a, read)[0] for a in node.args)), True
+    assert isinstance(node, BinOp), node
+    a, oka = _written(node.lhs, read)
+    b, okb = _written(node.rhs, read)
+    value = _BINOPS[node.op](a, b)
+    if node.op in "+-":
+        return value, _any(oka, okb)
+    ok = _all(oka, okb) if node.op == "*" else oka
+    if ok is not True:
+        value = np.where(ok, value, 0.0)
+    return value, ok
+
+
+def _any(a: InRange, b: InRange) -> InRange:
+    if a is True or b is True:
+        return True
+    if a is False:
+        return b
+    return a if b is False else np.logical_or(a, b)
+
+
+def _all(a: InRange, b: InRange) -> InRange:
+    if a is False or b is False:
+        return False
+    if a is True:
+        return b
+    return a if b is True else np.logical_and(a, b)
 
 
 def eval_factor(factor: Factor, read: Callable[[Access], np.ndarray]):

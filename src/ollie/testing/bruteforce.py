@@ -1,4 +1,6 @@
-"""A brute-force evaluator: pure Python loops over every point, straight from EXPR_SYNTAX.md.
+"""A brute-force evaluator: pure Python loops over every point, straight from EXPR_SYNTAX.md
+and the structural zeros of :mod:`ollie.semantics.interpreter` (a read outside its source
+annihilates the products and quotients it is a factor or numerator of).
 
 Far too slow for real sizes; it exists as an independent second reading of the semantics,
 to test the vectorised interpreter (and rules, on tiny expressions) against.
@@ -47,8 +49,14 @@ def _scope(scope: Scope, tensors, cache) -> np.ndarray:
 
 
 def _eval(node: Node, env, tensors, cache) -> float:
+    return _eval_z(node, env, tensors, cache)[0]
+
+
+def _eval_z(node: Node, env, tensors, cache) -> tuple[float, bool]:
+    """Value and whether it is a structural zero (a read outside its source, a product with
+    such a factor or a quotient with such a numerator, a negation of one, a sum of two)."""
     if isinstance(node, Const):
-        return node.value
+        return node.value, False
     if isinstance(node, Access):
         idx = [int(i.evaluate(env)) for i in node.indices]
         if isinstance(node.source, Scope):
@@ -57,19 +65,22 @@ def _eval(node: Node, env, tensors, cache) -> float:
         else:
             arr = tensors[node.source]
         if all(0 <= v < d for v, d in zip(idx, arr.shape, strict=True)):
-            return float(arr[tuple(idx)])
-        return 0.0
+            return float(arr[tuple(idx)]), False
+        return 0.0, True
     if isinstance(node, Neg):
-        return -_eval(node.x, env, tensors, cache)
+        v, z = _eval_z(node.x, env, tensors, cache)
+        return -v, z
     if isinstance(node, BinOp):
-        a = _eval(node.lhs, env, tensors, cache)
-        b = _eval(node.rhs, env, tensors, cache)
+        a, za = _eval_z(node.lhs, env, tensors, cache)
+        b, zb = _eval_z(node.rhs, env, tensors, cache)
         if node.op == "+":
-            return a + b
+            return a + b, za and zb
         if node.op == "-":
-            return a - b
+            return a - b, za and zb
         if node.op == "*":
-            return a * b
-        return a / b if b != 0 else (math.copysign(math.inf, a) if a != 0 else math.nan)
+            return (0.0, True) if za or zb else (a * b, False)
+        if za:
+            return 0.0, True
+        return (a / b if b != 0 else (math.copysign(math.inf, a) if a != 0 else math.nan)), False
     assert isinstance(node, Call)
-    return _FUNCS[node.fn](*(_eval(a, env, tensors, cache) for a in node.args))
+    return _FUNCS[node.fn](*(_eval_z(a, env, tensors, cache)[0] for a in node.args)), False

@@ -3,11 +3,15 @@
 Used by the property tests of the IR, the interpreter, the rules and the fingerprint. The
 generated expressions are small (so a brute-force evaluator stays fast), exercise zero padding
 (indices that leave the tensor), negative range starts, div/mod indices and nested scopes, and
-avoid functions that overflow or produce NaN on random data.
+avoid functions that overflow or produce NaN on random data. :func:`padded_products` draws
+products of reads that leave their tensors (where structural zeros annihilate), and
+:func:`inputs_with_specials` inputs for an expression with NaN and infinities at random
+positions.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
 from ollie.ir import (
@@ -96,3 +100,61 @@ def exprs(draw, depth: int = 1, max_sum: int = 2) -> Expr:
         decls[name] = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
     root = draw(scopes(decls, depth, max_sum))
     return Expr(tuple(decls.items()), root)
+
+
+@st.composite
+def padded_products(draw) -> Expr:
+    """Products of two or three reads of one or two tensors (sizes 2-6) at affine indices
+    that leave the tensors over iterator ranges wider than them, maybe inside a sum, a
+    negation, a quotient by a read or a function, and maybe through a nested scope: where a
+    read is outside its tensor its product is a structural zero."""
+    decls = {name: tuple(draw(st.lists(st.integers(2, 6), min_size=1, max_size=2)))
+             for name in ("A", "B")[: draw(st.integers(1, 2))]}
+    taken: set[str] = set()
+    trav = tuple(Iter(it.name, it.lo, it.lo + draw(st.integers(2, 7)))
+                 for it in draw(iters(1, 2, taken)))
+    summ = draw(iters(0, 2, taken))
+    names = tuple(it.name for it in trav + summ)
+
+    def read() -> Node:
+        t = draw(st.sampled_from(sorted(decls)))
+        acc = Access(t, tuple(draw(index_exprs(names, allow_divmod=draw(st.booleans())))
+                              for _ in decls[t]))
+        if draw(st.integers(0, 5)) == 0:  # through a re-indexing nested scope
+            inner = Scope(tuple(Iter(f"d{k}", -1, n + 1) for k, n in enumerate(decls[t])),
+                          (), Access(t, tuple(var(f"d{k}") for k in range(len(decls[t])))))
+            acc = Access(inner, acc.indices)
+        return acc
+
+    body: Node = BinOp("*", read(), read())
+    kind = draw(st.integers(0, 6))
+    if kind == 1:
+        body = BinOp("*", body, read())
+    elif kind == 2:
+        body = BinOp("*", BinOp(draw(st.sampled_from("+-")), read(), read()), read())
+    elif kind == 3:
+        body = neg(BinOp("/", read(), read()))
+    elif kind == 4:
+        body = BinOp("+", body, Call(draw(st.sampled_from(["relu", "exp", "abs"])), (read(),)))
+    elif kind == 5:
+        body = BinOp("*", Call("tanh", (read(),)), read())
+    return Expr(tuple(decls.items()), Scope(trav, summ, body))
+
+
+SPECIALS = (float("nan"), float("inf"), float("-inf"))
+
+
+@st.composite
+def inputs_with_specials(draw, expr: Expr, max_specials: int = 3) -> dict[str, np.ndarray]:
+    """Standard normal float32 inputs for ``expr`` with up to ``max_specials`` elements of each
+    tensor (at least one in all) made NaN, +inf or -inf at random positions."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    out = {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in expr.decls}
+    names = sorted(out)
+    forced = draw(st.sampled_from(names)) if names else None
+    for name in names:
+        flat = out[name].reshape(-1)
+        count = draw(st.integers(1 if name == forced else 0, max_specials))
+        for _ in range(min(count, flat.size)):
+            flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
+    return out

@@ -33,7 +33,7 @@ def default_cache_dir() -> Path:
     return cache_root()
 
 
-RUNTIME_VERSION = 22
+RUNTIME_VERSION = 23
 """Part of every cost and decision key (:func:`device_key`): bump it whenever kernels or the
 executor change in a way that changes measured times, so that measurements and decisions of an
 older runtime are not reused (what each version changed: docs/design/010-caches.md)."""
