@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import ollie
 from ollie.codegen.layout import dense_permutation, permute_inputs
+from ollie.exec.executor import CompiledProgram
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
-from ollie.runtime.executor import CompiledProgram
 from ollie.semantics import random_inputs
 from ollie.testing.strategies import exprs
 

@@ -1,5 +1,5 @@
 """Generated kernels compiled ahead in worker processes (``ollie.codegen.precompile``), and
-layout variants of a kernel recorded instead of compiled (``ollie.runtime.kernels.
+layout variants of a kernel recorded instead of compiled (``ollie.exec.dispatch.
 discovering``): the kernels used afterwards are the same and compute the same values."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 import ollie
 from ollie.codegen import precompile as pre
 from ollie.codegen.cpu import compile_cpu, source_forms
+from ollie.exec.dispatch import discovering
+from ollie.exec.executor import CompiledProgram
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
-from ollie.runtime.executor import CompiledProgram
-from ollie.runtime.kernels import discovering
 from ollie.semantics import random_inputs
 
 SCATTER = """

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 import ollie
+from ollie.exec.reference import run_kernels
 from ollie.ir import Expr
 from ollie.match import MatchResult, Mismatch
-from ollie.runtime import run_kernels
 
 RTOL = 1e-4
 ATOL = 1e-4

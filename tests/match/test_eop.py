@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 import ollie
+from ollie.exec.reference import run_kernel
 from ollie.match import COMPUTE_BOUND_INTENSITY, make_eop
-from ollie.runtime import run_kernel
 
 
 def eop(text: str, name: str = "T"):

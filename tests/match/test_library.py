@@ -9,9 +9,8 @@ import torch.nn.functional as F
 
 import ollie
 from ollie.errors import ShapeError, UnsupportedError
+from ollie.exec.reference import run_kernel, run_kernels, window
 from ollie.program import Kernel, View
-from ollie.runtime import run_kernel, run_kernels
-from ollie.runtime.library import window
 
 
 def test_window_pads_crops_and_handles_disjoint_ranges():

@@ -7,10 +7,10 @@ import torch
 
 import ollie
 from ollie.bench.cases import CASES
+from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.select import candidate_program, select
-from ollie.program.postprocess import eliminate_identities, fuse_eops, identity_view
+from ollie.passes.postprocess import eliminate_identities, fuse_eops, identity_view
 from ollie.program.program import Program
-from ollie.runtime.executor import CompiledProgram
 from ollie.semantics.check import random_inputs
 from ollie.testing.clock import FakeClock, stopped_clock
 from ollie.tune.cache import CostCache

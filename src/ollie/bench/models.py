@@ -24,7 +24,7 @@ gives each system's median and the notes the range of Ollie's speedups over the 
 With ``device="cuda"`` (``--device cuda``) the modules, inputs and Ollie's programs live on the
 GPU; ONNX Runtime is left out (a CPU runtime says nothing of a GPU program) and PyTorch eager
 replayed as a CUDA graph is a peer too ("eager + CUDA graph"), since Ollie's programs replay as
-CUDA graphs (:mod:`ollie.runtime.cuda_graph`); every system computes in full float32
+CUDA graphs (:mod:`ollie.exec.cuda_graph`); every system computes in full float32
 (TensorFloat-32 off: :func:`~ollie.bench.baselines.fp32_everywhere`). The rates of the roofline are
 the GPU's and the files are ``models_cuda.*``.
 
@@ -109,8 +109,8 @@ def machine(device: str = "cpu") -> dict:
 def matmul_rate(sizes: tuple[int, ...] = (1024, 2048), device: str = "cpu") -> float:
     """FLOP/s of large square float32 matrix products (the best run: a busy machine only
     slows): ``torch.matmul``, and on the CPU also oneDNN's matmul primitive, which on some
-    CPUs runs twice as fast as the MKL build PyTorch calls (:mod:`ollie.runtime.linear`)."""
-    from ollie.runtime import linear
+    CPUs runs twice as fast as the MKL build PyTorch calls (:mod:`ollie.exec.linear`)."""
+    from ollie.exec import linear
 
     best = 0.0
     for n in sizes:
@@ -226,7 +226,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
 
     fns: dict[str, Callable[[], object]] = {"eager": lambda: module(*inputs)}
     if device != "cpu":
-        from ollie.runtime.cuda_graph import Graphed
+        from ollie.exec.cuda_graph import Graphed
 
         graphed = Graphed(lambda: module(*inputs), GRAPHED)
         fns[GRAPHED] = lambda: graphed().clone()

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 import ollie
 from ollie.bench.baselines import best_of, cores, fp32_everywhere, g2bmm_formulations, ort_single_op
 from ollie.bench.cases import CASES
+from ollie.exec import cuda_graph
+from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.select import program_label, select
-from ollie.runtime import cuda_graph
-from ollie.runtime.executor import CompiledProgram
 from ollie.semantics.check import random_inputs
 from ollie.tune.cache import CostCache
 from ollie.tune.measure import measure, measure_alternating
@@ -51,10 +51,10 @@ GRAPHED = " + CUDA graph"
 
 def same_size_copy(nbytes: int, device: str) -> float:
     """Bytes per second of a copy moving ``nbytes`` (read + write), timed as
-    :meth:`~ollie.runtime.executor.CompiledProgram.profile` times a kernel (on CUDA a graph of
+    :meth:`~ollie.exec.executor.CompiledProgram.profile` times a kernel (on CUDA a graph of
     back-to-back calls): the reference for an eOperator moving as many bytes, whose data sits
     in the same level of cache (an H100's 50 MB L2 holds many of them)."""
-    from ollie.runtime.executor import PROFILE_CALLS
+    from ollie.exec.executor import PROFILE_CALLS
 
     src = torch.empty(max(1, nbytes // 8), device=device)
     dst = torch.empty_like(src)

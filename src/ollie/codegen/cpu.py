@@ -74,8 +74,9 @@ THREADING_LAYER_PRIORITY = ("omp", "tbb", "workqueue")
 """Order in which numba tries its threading layers, set when the process has not chosen one
 (``NUMBA_THREADING_LAYER`` / ``NUMBA_THREADING_LAYER_PRIORITY`` unset) and no parallel numba
 code ran yet. ``omp`` first: its workers spin briefly after a parallel loop, so the next launch
-is cheap. Measured 2026-11-22 on the 2-core machine (numba 0.68): an empty parallel loop costs
-1.3-1.6 us back to back and 47 us after 10 ms idle with ``omp``, 60-120 us in every case with
+is cheap. Measured on the 2-core machine (numba 0.68;
+docs/design/019-codegen-measurements.md): an empty parallel loop costs 1.3-1.6 us back to
+back and 47 us after 10 ms idle with ``omp``, 60-120 us in every case with
 ``workqueue`` (which wakes sleeping threads per launch); the [16,256,14,14] offset-add after a
 torch matmul 1.0-1.4 ms against 1.8-3.4 ms; InfoGAN b16 end to end 3-13% faster. (numba's
 default puts ``tbb`` first, which this machine does not have.) Kernel calls are serialised by
@@ -123,7 +124,7 @@ class CpuKernel(CompiledKernel):
             self._fn(*flat, out)
 
 
-def _configure_numba() -> None:
+def configure_numba() -> None:
     """Set :data:`THREADING_LAYER_PRIORITY` unless the process chose a layer or an order, or
     already started one."""
     import numba
@@ -283,7 +284,7 @@ def compile_cpu(expr: Expr | str, *, cache_dir: str | Path | None = None) -> Com
     if hit is not None:
         return hit
     start = time.perf_counter()
-    _configure_numba()
+    configure_numba()
     canonical = canonical_form(expr)
     stem = module_stem(expr)
     fallback = f"ollie_{full_key(canonical)}_{decls_key(expr.decls)}"

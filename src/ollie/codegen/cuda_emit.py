@@ -226,9 +226,10 @@ class KernelWriter:
         """Conditions for ``lo <= e < hi`` that bounds do not prove; None when never true.
 
         Where one value of ``e``'s range passes, the condition is ``e == value``: one
-        comparison instead of two, and it avoids a miscompilation seen on an H100 (Triton 3.6,
-        2026-11-26): ``x % 2 < 1`` for ``x % 2`` in ``[0, 1]`` gave wrong lanes with
-        ``BLOCK=128, num_warps=2`` (the ``transposed_conv_stride_divmod`` case), ``== 0`` did not.
+        comparison instead of two, and it avoids a miscompilation seen on an H100 with Triton
+        3.6: ``x % 2 < 1`` for ``x % 2`` in ``[0, 1]`` gave wrong lanes with ``BLOCK=128,
+        num_warps=2`` (the ``transposed_conv_stride_divmod`` case), ``== 0`` did not
+        (docs/design/019-codegen-measurements.md).
         """
         e = e.simplify(self.ranges)
         blo, bhi = e.bounds(self.ranges)

@@ -54,8 +54,8 @@ target when the nests computing it are residue nests (strided writes: their loop
 vectorised, so the function would run one value at a time) with a float32 accumulator (the
 pass then computes exactly what the fused form does). The pass is one flat loop that LLVM
 vectorises. DCGAN b16's last selective add with tanh, [16,3,64,64] from NHWC taps
-(``benchmarks/selective_add.py``, 2026-11-24, 2 cores, warm): 0.310 ms fused against 0.146,
-bit-identical; in DCGAN b16's program 0.61-0.67 -> 0.29 ms."""
+(``benchmarks/selective_add.py``, 2 cores, warm, docs/design/019-codegen-measurements.md):
+0.310 ms fused against 0.146, bit-identical; in DCGAN b16's program 0.61-0.67 -> 0.29 ms."""
 
 POST_BLOCKS = 64
 """The flat post pass runs in this many blocks (in parallel when its nests do)."""
@@ -86,7 +86,10 @@ def render(e: Affine, names: dict[str, str]) -> str:
     return text[2:] if text.startswith("+ ") else "-" + text[2:]
 
 
-class _NestEmitter:
+class NestEmitter:
+    """Emits the source of one loop nest (:meth:`function`), optionally fused with a group of
+    nests over the same grid."""
+
     def __init__(self, info: NestInfo, consts: Consts) -> None:
         self.info = info
         self.consts = consts
@@ -103,7 +106,7 @@ class _NestEmitter:
         return render(e, self.names)
 
     # ------------------------------------------------------------------ the function
-    def function(self, name: str, group: tuple[_NestEmitter, ...] = ()) -> str:
+    def function(self, name: str, group: tuple[NestEmitter, ...] = ()) -> str:
         """The nest function; ``group``: emitters of further nests sharing its fused loops."""
         info = self.info
         infos = [info, *(em.info for em in group)]
@@ -342,7 +345,7 @@ def _separate_posts(infos: list[NestInfo]) -> tuple[list[NestInfo], dict[int, Ne
 
 def _post_function(name: str, info: NestInfo, consts: Consts) -> str:
     """A flat pass applying ``info.nest.post`` to every element of its target, in place."""
-    em = _NestEmitter(info, consts)
+    em = NestEmitter(info, consts)
     size = info.nest.target.size
     blocks = max(1, min(POST_BLOCKS, size))
     step = -(-size // blocks)
@@ -371,8 +374,8 @@ def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str]) -> st
     post_calls: dict[int, tuple[str, str]] = {}  # by index in calls: (function, target)
     infos, passes = _separate_posts(infos)
     for k, j in residue_groups(plan.nests):
-        group = tuple(_NestEmitter(info, consts) for info in infos[k + 1:j])
-        funcs.append(_NestEmitter(infos[k], consts).function(f"nest_{len(funcs)}", group))
+        group = tuple(NestEmitter(info, consts) for info in infos[k + 1:j])
+        funcs.append(NestEmitter(infos[k], consts).function(f"nest_{len(funcs)}", group))
         calls.append((len(funcs) - 1, plan.nests[k], infos[k:j]))
         last = next((i for i in range(k, j) if i in passes), None)
         if last is not None:

@@ -30,8 +30,8 @@ A root scope that only copies one materialised temporary, or applies a unary fun
 summation, the read indexed by its own traversal iterators, the temporary's ranges equal to the
 output's: ``f({L<...> Sum<...> ...}[i, j])``, an activation after a selective add), is not a
 nest of its own: the nest computing the temporary writes the output, applying ``f`` to each
-value as it stores it (:func:`_forward`; DCGAN b16's last selective add, 2026-11-24: 0.189
-against 0.159 ms without its activation, one pass over 196,608 elements less).
+value as it stores it (:func:`_forward`; one pass over the output less, measured:
+docs/design/019-codegen-measurements.md).
 
 The nests come out in execution order; the last one writes the output.
 """

@@ -11,10 +11,10 @@ real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with the same
 of compiling it (numba 0.68 stamps its cache with the text's hash), copies the chosen form's
 code beside the kernel module and removes the staged files (:func:`unstage`). The variants
 of a kernel for the layouts its inputs arrive in are found by running the candidates once
-without compiling them (:func:`ollie.runtime.kernels.discovering`), then compiled the same
+without compiling them (:func:`ollie.exec.dispatch.discovering`), then compiled the same
 way.
 
-The Winograd transforms (:func:`ollie.runtime.winograd_codegen.precompile`) go through
+The Winograd transforms (:func:`ollie.kernels.winograd_codegen.precompile`) go through
 :func:`compile_side_by_side` too: their functions compile on their first call, so a worker
 compiles them for the signatures it is given, into the same cache.
 

@@ -20,7 +20,8 @@ Measured on the InfoGAN [16,256,4,4] selective add (2x2 taps, stride 2): 9x fast
 clamped and masked summation. Long quotient loops are split too (there used to be a limit of 4
 values per residue class, from a measurement made while a residue group whose nests each fell
 under :data:`~ollie.codegen.analysis.PARALLEL_MIN_POINTS` ran serially). With the residue
-nests in one parallel loop (``benchmarks/selective_add.py``, 2026-11-24, 2 cores, results in
+nests in one parallel loop (``benchmarks/selective_add.py``, 2 cores,
+docs/design/019-codegen-measurements.md; results in
 ``benchmarks/results/selective_add.md``), warm ms, clamped -> split:
 
 ====================  ==============  ==============

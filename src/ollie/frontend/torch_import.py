@@ -379,8 +379,8 @@ def check_import(graph: Graph, module: torch.nn.Module, example_inputs: Sequence
     optimises) or one whose inputs are not all floating-point tensors."""
     from torch.utils._pytree import tree_leaves
 
+    from ollie.exec.precision import full_fp32
     from ollie.graph.execute import run_graph
-    from ollie.runtime.precision import full_fp32
 
     if module.training or not all(isinstance(x, torch.Tensor) and x.is_floating_point()
                                   for x in example_inputs):

@@ -31,15 +31,17 @@ Impl = Callable[[list[Tensor], dict[str, Any]], list[Tensor]]
 
 
 # --------------------------------------------------------------------- attribute helpers
-def _pair(v: Any) -> tuple[int, int]:
+def pair(v: Any) -> tuple[int, int]:
+    """A graph attribute (an int, or a sequence of one or two ints) as ``(height, width)``."""
     if isinstance(v, (int, np.integer)):
         return (int(v), int(v))
     t = tuple(int(x) for x in v)
     return (t[0], t[0]) if len(t) == 1 else (t[0], t[1])
 
 
-def _pad4(v: Any) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right)."""
+def pad4(v: Any) -> tuple[int, int, int, int]:
+    """A ``padding`` graph attribute (an int, or one, two or four ints) as (top, left, bottom,
+    right)."""
     if isinstance(v, (int, np.integer)):
         return (int(v),) * 4  # type: ignore[return-value]
     t = tuple(int(x) for x in v)
@@ -77,8 +79,8 @@ def _window(x: Tensor, dim: int, start: int, length: int, fill: float = 0.0) -> 
 def _conv2d(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     x, w = xs[0], xs[1]
     b = xs[2] if len(xs) > 2 else None
-    pt, pl, pb, pr = _pad4(a.get("padding", 0))
-    kw = dict(stride=_pair(a.get("stride", 1)), dilation=_pair(a.get("dilation", 1)),
+    pt, pl, pb, pr = pad4(a.get("padding", 0))
+    kw = dict(stride=pair(a.get("stride", 1)), dilation=pair(a.get("dilation", 1)),
               groups=int(a.get("groups", 1)))
     if (pt, pl) == (pb, pr):
         return [F.conv2d(x, w, b, padding=(pt, pl), **kw)]
@@ -88,9 +90,9 @@ def _conv2d(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
 def _conv_transpose2d(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     x, w = xs[0], xs[1]
     b = xs[2] if len(xs) > 2 else None
-    pt, pl, pb, pr = _pad4(a.get("padding", 0))
-    oph, opw = _pair(a.get("output_padding", 0))
-    kw = dict(stride=_pair(a.get("stride", 1)), dilation=_pair(a.get("dilation", 1)),
+    pt, pl, pb, pr = pad4(a.get("padding", 0))
+    oph, opw = pair(a.get("output_padding", 0))
+    kw = dict(stride=pair(a.get("stride", 1)), dilation=pair(a.get("dilation", 1)),
               groups=int(a.get("groups", 1)))
     if (pt, pl) == (pb, pr):
         return [F.conv_transpose2d(x, w, b, padding=(pt, pl), output_padding=(oph, opw), **kw)]
@@ -153,10 +155,10 @@ def _transpose(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
 
 def _avg_pool2d(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     x = xs[0]
-    kh, kw = _pair(a["kernel_size"])
+    kh, kw = pair(a["kernel_size"])
     stride = a.get("stride")
-    sh, sw = (kh, kw) if stride is None else _pair(stride)
-    pt, pl, pb, pr = _pad4(a.get("padding", 0))
+    sh, sw = (kh, kw) if stride is None else pair(stride)
+    pt, pl, pb, pr = pad4(a.get("padding", 0))
     ceil_mode = bool(a.get("ceil_mode", False))
     include = bool(a.get("count_include_pad", True))
     if (pt, pl) == (pb, pr) and 2 * pt <= kh and 2 * pl <= kw:
@@ -184,11 +186,11 @@ def _divisors(size: int, out: int, k: int, s: int, lo: int, hi: int,
 
 def _max_pool2d(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     x = xs[0]
-    kh, kw = _pair(a["kernel_size"])
+    kh, kw = pair(a["kernel_size"])
     stride = a.get("stride")
-    sh, sw = (kh, kw) if stride is None else _pair(stride)
-    dh, dw = _pair(a.get("dilation", 1))
-    pt, pl, pb, pr = _pad4(a.get("padding", 0))
+    sh, sw = (kh, kw) if stride is None else pair(stride)
+    dh, dw = pair(a.get("dilation", 1))
+    pt, pl, pb, pr = pad4(a.get("padding", 0))
     ceil_mode = bool(a.get("ceil_mode", False))
     if (pt, pl) == (pb, pr) and 2 * pt <= kh and 2 * pl <= kw:
         return [F.max_pool2d(x, (kh, kw), (sh, sw), (pt, pl), (dh, dw), ceil_mode)]

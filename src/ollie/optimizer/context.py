@@ -43,7 +43,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.optimizer.final import Reference, program_digest
 from ollie.optimizer.libraries import rel_err, variant
-from ollie.program.postprocess import postprocess
+from ollie.passes.postprocess import postprocess
 from ollie.program.program import Program
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
@@ -109,8 +109,8 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     (e.g. from the cost cache), checked and applied without timing. ``settle``: seconds idle
     before the samples around a variant whose ONNX Runtime session spins (0: none). None when
     there is nothing to switch or no variant ran."""
-    from ollie.runtime.executor import CompiledProgram
-    from ollie.runtime.kernels import precompile_programs
+    from ollie.exec.dispatch import precompile_programs
+    from ollie.exec.executor import CompiledProgram
 
     known = {g.key for g in groups}
     start = frozenset(k for k in start if k in known)  # switches of these groups only

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from ollie.errors import OllieError
+from ollie.exec.dispatch import pin_cuda_configs
+from ollie.exec.executor import CompiledProgram
+from ollie.exec.precision import full_fp32, tf32
 from ollie.graph import Graph, Node, run_graph
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, CHOICES, choose_libraries, rel_err
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_to_json
-from ollie.runtime.executor import CompiledProgram
-from ollie.runtime.kernels import pin_cuda_configs
-from ollie.runtime.precision import full_fp32, tf32
 from ollie.tune.cache import CostCache, device_key
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
             ) -> tuple[Program, float]:
     """``prog`` (which just ran on the GPU, with relative error ``err``) with its generated
     kernels' launch configurations fixed as the autotuner chose them
-    (:func:`~ollie.runtime.kernels.pin_cuda_configs`), and its error run so: the program
+    (:func:`~ollie.exec.dispatch.pin_cuda_configs`), and its error run so: the program
     returned, saved and loaded elsewhere runs exactly the code that was checked."""
     try:
         kernels = pin_cuda_configs(prog.kernels)

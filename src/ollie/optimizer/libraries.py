@@ -3,7 +3,7 @@
 Each library convolution of a program (a ``Conv`` kernel with a constant weight, or an original
 ``Conv2d`` / ``ConvTranspose2d`` kept as a ``Node``) picks the fastest of oneDNN with a packed
 weight, plain torch, ONNX Runtime and, where one applies, a Winograd convolution on its own
-(:func:`ollie.runtime.onednn.best_conv`).
+(:func:`ollie.exec.conv.best_conv`).
 Timed alone, each choice is right; in a program, the implementations run on different thread
 pools (torch's OpenMP workers, ONNX Runtime's own), and a pool that slept while another
 library ran pays to wake its threads on every call, while the other pool's threads take the
@@ -12,7 +12,7 @@ cores: choices that win one at a time can lose together.
 :func:`choose_libraries` therefore times the whole program with the per-operator choices
 against its variants of :data:`CHOICES`: every convolution on one library of :data:`UNIFORM`,
 the two Winograd variants (:data:`ONEDNN_WINOGRAD`, :data:`WINOGRAD_ALL`), and the program
-whose runs of library operators are ONNX Runtime regions (:mod:`ollie.runtime.ort_region`: one
+whose runs of library operators are ONNX Runtime regions (:mod:`ollie.backends.onnxrt.region`: one
 session per run, in ONNX Runtime's blocked layout from one convolution to the next), with the
 other convolutions as chosen or on oneDNN (:data:`REGIONS`, :data:`REGIONS_ONEDNN`). It times
 them in interleaved rounds (steady state), checks each variant against the reference outputs,
@@ -36,11 +36,11 @@ from dataclasses import replace
 
 import torch
 
+from ollie.backends.onnxrt import region as ort_region
 from ollie.errors import OllieError
+from ollie.exec.conv import ANY_OF, CONV_OPS, WINOGRAD, offers_winograd
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
-from ollie.runtime import onednn, ort_region
-from ollie.runtime.onednn import ANY_OF, CONV_OPS, WINOGRAD
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ PER_OPERATOR = "per operator"
 
 REGIONS = ort_region.LIBRARY
 """The decision to run each maximal run of library operators as one ONNX Runtime session
-(:mod:`ollie.runtime.ort_region`); convolutions outside the runs keep their own choice."""
+(:mod:`ollie.backends.onnxrt.region`); convolutions outside the runs keep their own choice."""
 
 REGIONS_ONEDNN = f"{REGIONS} + oneDNN packed"
 """ONNX Runtime regions with every convolution outside them on oneDNN: a per-operator ONNX
@@ -75,7 +75,7 @@ Runtime convolution between torch kernels pays for OpenMP threads that still bus
 
 ONEDNN_WINOGRAD = f"{UNIFORM[0]}{ANY_OF}{WINOGRAD}"
 """Every convolution on oneDNN, or on a Winograd convolution where one applies and measured
-faster alone (:mod:`ollie.runtime.winograd`; both run on torch's threads; the per-operator
+faster alone (:mod:`ollie.kernels.winograd`; both run on torch's threads; the per-operator
 choice may also pick ONNX Runtime, whose threads then compete with torch's)."""
 
 WINOGRAD_ALL = f"{WINOGRAD} wherever it applies"
@@ -92,20 +92,20 @@ CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 
 
 def is_library_conv(k: Kernel) -> bool:
-    """Whether ``k`` may run through :func:`ollie.runtime.onednn.best_conv`."""
+    """Whether ``k`` may run through :func:`ollie.exec.conv.best_conv`."""
     return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)
 
 
 def winograd_applies(k: Kernel, prog: Program) -> bool:
-    """Whether :func:`ollie.runtime.onednn.best_conv` would offer library convolution ``k``
-    of ``prog`` a Winograd form (:func:`ollie.runtime.onednn.offers_winograd`: one exists and
+    """Whether :func:`ollie.exec.conv.best_conv` would offer library convolution ``k``
+    of ``prog`` a Winograd form (:func:`ollie.exec.conv.offers_winograd`: one exists and
     the convolution is large enough)."""
-    from ollie.graph.execute import _pad4, _pair
+    from ollie.graph.execute import pad4, pair
 
     if k.kind == "Conv":
         p = k.params
         groups = int(p.get("groups", 1))
-        return onednn.offers_winograd(
+        return offers_winograd(
             "Conv2d", (int(p["f"]), int(p["c"]) // groups, int(p["r"]), int(p["s"])),
             tuple(int(p[a]) for a in ("n", "c", "h", "w")), (int(p["sh"]), int(p["sw"])),
             (int(p["ph"]), int(p["pw"])), (int(p["dh"]), int(p["dw"])), groups)
@@ -114,12 +114,12 @@ def winograd_applies(k: Kernel, prog: Program) -> bool:
             k.inputs[1] not in prog.constants:
         return False
     attrs = dict(k.params["node"].attrs)  # type: ignore[attr-defined]
-    top, left, bottom, right = _pad4(attrs.get("padding", 0))
+    top, left, bottom, right = pad4(attrs.get("padding", 0))
     input_shape = prog.tensor_shapes().get(k.inputs[0])
     return (top, left) == (bottom, right) and input_shape is not None and \
-        onednn.offers_winograd(op, tuple(prog.constants[k.inputs[1]].shape), input_shape,
-                               _pair(attrs.get("stride", 1)), (top, left),
-                               _pair(attrs.get("dilation", 1)), int(attrs.get("groups", 1)))
+        offers_winograd(op, tuple(prog.constants[k.inputs[1]].shape), input_shape,
+                        pair(attrs.get("stride", 1)), (top, left),
+                        pair(attrs.get("dilation", 1)), int(attrs.get("groups", 1)))
 
 
 def with_library(prog: Program, library: str) -> Program:
@@ -145,7 +145,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     checked). ``settle``: seconds idle before the samples around a variant whose ONNX Runtime
     session spins (0: none). Returns the program, the decision and a note (both None when
     there is nothing to choose)."""
-    from ollie.runtime.executor import CompiledProgram
+    from ollie.exec.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
     alternatives = alternatives or {}

@@ -32,6 +32,8 @@ import torch
 
 from ollie.caches import release_caches
 from ollie.errors import OllieError, UnsupportedError, check_settings
+from ollie.exec.dispatch import precompile_programs
+from ollie.exec.executor import CompiledProgram
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.ir import Expr
@@ -56,13 +58,11 @@ from ollie.optimizer.report import (
     switched_on,
 )
 from ollie.optimizer.select import as_input, layout_key, select
+from ollie.passes.postprocess import describe as describe_postprocess
+from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
-from ollie.program.postprocess import describe as describe_postprocess
-from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
-from ollie.runtime.executor import CompiledProgram
-from ollie.runtime.kernels import precompile_programs
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
 from ollie.tune.cache import CostCache, device_key
@@ -422,7 +422,7 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     another floating-point dtype, in any layout; an integer, boolean or complex input,
     another shape or device, a meta tensor or None raises a
     :class:`~ollie.errors.ShapeError` naming the input, what it expected and what it got
-    (:meth:`ollie.runtime.executor.CompiledProgram.__call__`). NaN and infinities in the
+    (:meth:`ollie.exec.executor.CompiledProgram.__call__`). NaN and infinities in the
     inputs give NaN and infinities where the model gives them.
 
     Every error raised on purpose is an :class:`~ollie.errors.OllieError`."""

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from ollie.errors import OllieError
+from ollie.exec.dispatch import CUDA_CONFIGS
+from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.final import ORIGINAL
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
-from ollie.runtime.executor import CompiledProgram
-from ollie.runtime.kernels import CUDA_CONFIGS
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class OptimizedModel:
         """The program's output(s) for ``inputs``, one per model input: tensors (or numpy
         arrays) of the example inputs' shapes on :attr:`device`, float32 or converted to it;
         anything else raises :class:`~ollie.errors.ShapeError` naming the input
-        (:meth:`ollie.runtime.executor.CompiledProgram.__call__`)."""
+        (:meth:`ollie.exec.executor.CompiledProgram.__call__`)."""
         return self._compiled(*inputs)
 
     def save(self, path: str | Path) -> None:
@@ -151,7 +151,7 @@ def _report_entry(doc: object) -> SubprogramReport:
 
 def unpinned_kernels(prog: Program) -> list[str]:
     """The outputs of ``prog``'s eOperators without launch configurations checked on a GPU
-    (:data:`~ollie.runtime.kernels.CUDA_CONFIGS`): on a GPU they are autotuned when loaded."""
+    (:data:`~ollie.exec.dispatch.CUDA_CONFIGS`): on a GPU they are autotuned when loaded."""
     return [k.output for k in prog.kernels if k.kind == "eOp" and CUDA_CONFIGS not in k.params]
 
 

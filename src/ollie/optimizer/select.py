@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from ollie.codegen.precompile import precompile
+from ollie.exec.dispatch import discovering, precompile_programs
+from ollie.exec.executor import CompiledProgram
+from ollie.exec.precision import tf32
 from ollie.ir import Expr
-from ollie.program.postprocess import postprocess
+from ollie.passes.postprocess import postprocess
 from ollie.program.program import Program, constant_array
-from ollie.runtime.executor import CompiledProgram
-from ollie.runtime.kernels import discovering, precompile_programs
-from ollie.runtime.precision import tf32
 from ollie.search.candidate import Candidate, Step, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import Clock, measure_alternating
@@ -171,7 +171,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     every one of them fixed to each library of :data:`ollie.optimizer.libraries.UNIFORM` (each
     checked too), as ``ollie.optimize`` does for a whole program; otherwise each convolution
     runs the implementation chosen for its configuration alone, with cold caches
-    (:func:`ollie.runtime.onednn.fastest`).
+    (:meth:`ollie.tune.choice.Choices.fastest`).
 
     ``clock``: the time source of the measurement (:func:`~ollie.tune.measure.
     measure_alternating`'s)."""
@@ -243,7 +243,7 @@ def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
     """Check each built candidate program (and its library variants) against the
     ``reference``; append those that agree to ``verified`` as ``(cost key, program,
     candidate, run on feed)``, the others to ``rejected``. Returns the expressions of the
-    kernel variants the checks' layouts needed (:func:`~ollie.runtime.kernels.discovering`:
+    kernel variants the checks' layouts needed (:func:`~ollie.exec.dispatch.discovering`:
     recorded, not compiled)."""
     with discovering() as layouts:
         for cand, prog in built:
@@ -284,8 +284,8 @@ def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
 
 def program_label(prog: Program) -> str:
     """``prog``'s summary, with the libraries its convolutions are fixed to, if any, and
-    whether its products are kept transposed (:mod:`ollie.program.orient`)."""
-    from ollie.program.orient import TRANSPOSED
+    whether its products are kept transposed (:mod:`ollie.passes.orient`)."""
+    from ollie.passes.orient import TRANSPOSED
 
     libs = sorted({str(k.params["library"]) for k in prog.kernels if k.params.get("library")})
     if any(k.params.get(TRANSPOSED) for k in prog.kernels):
@@ -294,13 +294,13 @@ def program_label(prog: Program) -> str:
 
 
 def transposed_candidate(cand: Candidate, expr: Expr) -> Candidate | None:
-    """``cand`` with its products kept transposed (:func:`ollie.program.orient.
+    """``cand`` with its products kept transposed (:func:`ollie.passes.orient.
     transposed_products`: a data layout transformation of their outputs), or None when no
     product of it qualifies."""
     from dataclasses import replace
 
     from ollie.ir import format_expr
-    from ollie.program.orient import TRANSPOSED, transposed_products
+    from ollie.passes.orient import TRANSPOSED, transposed_products
 
     prog = Program(tuple(expr.decls), (cand.output,), list(cand.kernels), {})
     other = transposed_products(prog)

@@ -1,7 +1,7 @@
 """A whole program: runtime inputs, constants (weights), kernels in execution order, outputs.
 
 Programs are what candidates, subprogram optimisations and optimised models become; they are
-post-processed (:mod:`ollie.program.postprocess`), executed (:mod:`ollie.runtime.executor`)
+post-processed (:mod:`ollie.passes.postprocess`), executed (:mod:`ollie.exec.executor`)
 and saved / loaded here. The file format is a folder holding ``program.json`` (structure;
 each kernel as data, its expression as text re-parsed on load: :mod:`ollie.program.serialize`)
 and ``constants.npz`` (numpy arrays, read without pickle). Loading validates everything it

@@ -14,7 +14,7 @@ arrays, each earlier kernel's output):
 * an ``Alias`` kernel has as many elements as the tensor it aliases;
 * a graph operator run as it is (``Node``) computes the output shape it declares (inferred on
   meta tensors; an opaque operator's declared shapes are checked when it runs,
-  :func:`ollie.runtime.kernels.compile_kernel`), and its residual input has that shape;
+  :func:`ollie.exec.dispatch.compile_kernel`), and its residual input has that shape;
 * no tensor holds more than :data:`MAX_ELEMENTS` elements.
 
 Any violation raises :class:`~ollie.errors.ShapeError` naming the kernel.

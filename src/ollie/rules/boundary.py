@@ -49,7 +49,8 @@ from ollie.rules.zeros import access_extents, nonzero_interval
 Interval = tuple[int, int]
 
 
-def _with_range(scope: Scope, name: str, lo: int, hi: int) -> Scope:
+def with_range(scope: Scope, name: str, lo: int, hi: int) -> Scope:
+    """``scope`` with iterator ``name`` (traversal or summation) ranging over ``lo:hi``."""
     def upd(it: Iter) -> Iter:
         return Iter(name, lo, hi) if it.name == name else it
 
@@ -67,7 +68,10 @@ def read_hull(root: Scope, path: Path, dim: int) -> Interval | None:
     return min(a for a, _ in bounds), max(b for _, b in bounds) + 1
 
 
-def _tighten(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
+def tighten(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
+    """Boundary tightening of the scope at ``path`` of ``expr``: per iterator whose range can
+    shrink (to where the body may be nonzero and, for a traversal iterator, to what the reader
+    reads), the scope with that range tightened and a description ``"i=lo:hi -> lo':hi'"``."""
     shapes = expr.inputs
     out = []
     factor = bool(path) and read_annihilates(expr.root, path)
@@ -79,18 +83,18 @@ def _tighten(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
             lo, hi = max(lo, hull[0]), min(hi, hull[1])
         lo, hi = max(lo, it.lo), min(hi, it.hi)
         if lo < hi and (lo, hi) != it.range:
-            out.append((_with_range(scope, it.name, lo, hi),
+            out.append((with_range(scope, it.name, lo, hi),
                         f"{it.name}={it.lo}:{it.hi} -> {lo}:{hi}"))
     for it in scope.summation:
         lo, hi = nonzero_interval(scope.body, scope.ranges, it.name, shapes)
         if lo < hi and (lo, hi) != it.range:
-            out.append((_with_range(scope, it.name, lo, hi),
+            out.append((with_range(scope, it.name, lo, hi),
                         f"{it.name}={it.lo}:{it.hi} -> {lo}:{hi}"))
     return out
 
 
-def _zero_outside(scope: Scope, name: str, old: Interval, new: Interval,
-                  shapes: Mapping[str, tuple[int, ...]]) -> bool:
+def zero_outside(scope: Scope, name: str, old: Interval, new: Interval,
+                 shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """Body provably zero for ``name`` in ``new`` minus ``old``."""
     ranges = {**scope.ranges, name: new}
     lo, hi = nonzero_interval(scope.body, ranges, name, shapes)
@@ -119,23 +123,23 @@ def _relax(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
         cands = []
         if hull is not None and not factor:
             cand = (min(cur[0], hull[0]), max(cur[1], hull[1]))
-            if cand != cur and _zero_outside(scope, it.name, cur, cand, shapes):
+            if cand != cur and zero_outside(scope, it.name, cur, cand, shapes):
                 cands.append(cand)
         read_inside = hull is None or (cur[0] <= hull[0] and hull[1] <= cur[1])
         for ext in _extent_candidates(scope, it.name, shapes):
             cand = (min(cur[0], ext[0]), max(cur[1], ext[1]))
             if cand != cur and cand not in cands and (
                     read_inside or (not factor and
-                                    _zero_outside(scope, it.name, cur, cand, shapes))):
+                                    zero_outside(scope, it.name, cur, cand, shapes))):
                 cands.append(cand)
         for lo, hi in cands:
-            out.append((_with_range(scope, it.name, lo, hi),
+            out.append((with_range(scope, it.name, lo, hi),
                         f"{it.name}={it.lo}:{it.hi} -> {lo}:{hi}"))
     for it in scope.summation:
         for ext in _extent_candidates(scope, it.name, shapes):
             cand = (min(it.lo, ext[0]), max(it.hi, ext[1]))
-            if cand != it.range and _zero_outside(scope, it.name, it.range, cand, shapes):
-                out.append((_with_range(scope, it.name, *cand),
+            if cand != it.range and zero_outside(scope, it.name, it.range, cand, shapes):
+                out.append((with_range(scope, it.name, *cand),
                             f"{it.name}={it.lo}:{it.hi} -> {cand[0]}:{cand[1]}"))
     return out
 
@@ -143,7 +147,7 @@ def _relax(scope: Scope, path: Path, expr: Expr) -> list[tuple[Scope, str]]:
 @register("boundary_tightening")
 def boundary_tightening(expr: Expr) -> list[Derived]:
     """Shrink ranges to where results may be non-zero and are read."""
-    return derive_each_scope(expr, "boundary_tightening", _tighten)
+    return derive_each_scope(expr, "boundary_tightening", tighten)
 
 
 @register("boundary_relaxing")

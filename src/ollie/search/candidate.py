@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ollie.exec.reference import run_kernels
 from ollie.fingerprint import fingerprint
 from ollie.ir import Expr
 from ollie.program.kernel import Kernel
-from ollie.runtime.library import run_kernels
 from ollie.semantics import interpret
 from ollie.semantics.check import random_inputs, sample_positions
 

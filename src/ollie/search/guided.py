@@ -33,7 +33,7 @@ from ollie.ir import Access, Affine, Expr, Scope, accesses, format_expr, var
 from ollie.match import MatchResult, Mismatch
 from ollie.match.result import BODY, MIXED
 from ollie.rules.base import Path, replace_scope, scope_paths
-from ollie.rules.boundary import _tighten, _with_range, _zero_outside, read_hull
+from ollie.rules.boundary import read_hull, tighten, with_range, zero_outside
 from ollie.rules.layout import split_dim
 from ollie.rules.summation_splitting import split_summation
 from ollie.rules.traversal_merging import inline
@@ -88,7 +88,7 @@ def _normalize_once(expr: Expr) -> tuple[Expr, Step] | None:
             if new_scope is not None:
                 new = Expr(expr.decls, replace_scope(expr.root, path, new_scope))
                 return new, _step("traversal_merging", "inline re-indexing scope", new)
-        tight = _tighten(scope, path, expr)
+        tight = tighten(scope, path, expr)
         if tight:
             # each proposal is sound for the current (larger) ranges of the others, hence
             # also after they shrink: apply them all at once
@@ -96,7 +96,7 @@ def _normalize_once(expr: Expr) -> tuple[Expr, Step] | None:
             for proposal, _ in tight:
                 for it in proposal.iters:
                     if it != new_scope.iter(it.name):
-                        new_scope = _with_range(new_scope, it.name, it.lo, it.hi)
+                        new_scope = with_range(new_scope, it.name, it.lo, it.hi)
             new = Expr(expr.decls, replace_scope(expr.root, path, new_scope))
             return new, _step("boundary_tightening", "; ".join(n for _, n in tight), new)
     return None
@@ -122,9 +122,9 @@ def _relax_to_reads(expr: Expr, path: Path, scope: Scope) -> Scope | None:
         if hull is None or (it.lo <= hull[0] and hull[1] <= it.hi):
             continue
         cand = (min(it.lo, hull[0]), max(it.hi, hull[1]))
-        if not _zero_outside(scope, it.name, it.range, cand, expr.inputs):
+        if not zero_outside(scope, it.name, it.range, cand, expr.inputs):
             return None
-        scope = _with_range(scope, it.name, *cand)
+        scope = with_range(scope, it.name, *cand)
         changed = True
     return scope if changed else None
 

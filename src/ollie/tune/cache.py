@@ -44,12 +44,12 @@ def device_key(device: str) -> str:
     also whether cuDNN / cuBLAS may use TensorFloat-32 and whether programs replay as CUDA
     graphs (either changes the times)."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        from ollie.runtime import cuda_graph
+        from ollie.tune import graphs
 
         flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
         tf32 = "tf32" + "".join(str(int(f)) for f in flags)
         return f"v{RUNTIME_VERSION}:cuda:{torch.cuda.get_device_name()}:torch{torch.__version__}:" \
-               f"{tf32}:graphs{int(cuda_graph.enabled())}"
+               f"{tf32}:graphs{int(graphs.enabled())}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"v{RUNTIME_VERSION}:cpu:{platform.machine()}:{platform.processor() or '-'}:{cores}c:" \
            f"torch{torch.__version__}:threads{torch.get_num_threads()}"

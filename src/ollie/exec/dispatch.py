@@ -1,0 +1,491 @@
+"""One kernel of a :class:`~ollie.program.program.Program` compiled into a callable
+``fn(env, out) -> tensor`` (:func:`compile_kernel`), used by
+:class:`~ollie.exec.executor.CompiledProgram`:
+
+* library kernels: on the CPU a ``Matmul`` runs on the fastest matrix product for its
+  operands (:mod:`ollie.exec.linear`) and a ``Conv`` with a constant weight on the fastest
+  convolution for its configuration (:func:`ollie.exec.conv.best_conv`), each measured on
+  its first call; on CUDA both go through PyTorch (cuBLAS / cuDNN); ``G2BMM`` / ``GBMM`` run
+  the band kernels of :mod:`ollie.kernels.band`;
+* eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
+  reference interpreter when asked (``backend="reference"``);
+* ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
+* ``Node`` kernels run one graph operator with the reference executor of :mod:`ollie.graph`
+  (operators Ollie does not rewrite, e.g. max pooling or softmax).
+
+``out``, when given, is a buffer the kernel may write its output into.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ollie.errors import ShapeError, UnsupportedError
+from ollie.exec import linear
+from ollie.exec import reference as library
+from ollie.ir import Expr
+from ollie.libs.onednn import POST_OPS
+from ollie.libs.tensors import kernel_input
+from ollie.program.kernel import Kernel
+from ollie.program.program import Program
+
+Env = dict[str, torch.Tensor]
+KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
+OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
+"""Kernels that write into a given output buffer."""
+
+
+def library_of(k: Kernel) -> str | None:
+    """The convolution implementation a program-level choice fixed for kernel ``k``
+    (``params["library"]``, see :mod:`ollie.optimizer.libraries`), or None: measured per
+    configuration."""
+    lib = k.params.get("library")
+    return str(lib) if lib else None
+
+
+def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
+    implementation (:func:`ollie.exec.conv.best_conv`: the weight packed for oneDNN once,
+    here, plain torch, ONNX Runtime or a Winograd convolution), with ``alpha`` folded into the
+    weight. A fused
+    epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
+    then applies ``activation``."""
+    p = k.params
+    symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
+    stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
+    pad = (int(p["ph"]), int(p["pw"]))
+    alpha = float(p.get("alpha", 1.0))
+    act = p.get("activation")
+    post = POST_OPS[str(act)] if act else None
+    biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
+    skip = k.inputs[-1] if p.get("residual") else None
+    if symmetric and constants is not None and k.inputs[1] in constants and \
+            k.inputs[0] not in constants and all(b in constants for b in biases):
+        from ollie.exec.conv import best_conv
+        from ollie.libs import onednn
+
+        w = kernel_input(k, 1, constants)
+        w = w * alpha if alpha != 1.0 else w
+        bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
+        shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
+        chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
+        made: onednn.Made = {}  # its output's shape and layout, per input memory format
+
+        def run_library(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            x = kernel_input(k, 0, env)
+            fmt = onednn.is_channels_last(x)
+            conv = chosen.get(fmt)
+            if conv is None:
+                conv = chosen[fmt] = best_conv(
+                    "Conv2d", w, bias, shape, stride, pad, dil,
+                    activation=str(act) if act else None, residual=skip is not None,
+                    channels_last=fmt, prefer=library_of(k))
+            args = (x,) if skip is None else (x, env[skip])
+            return onednn.call_into(conv, args, out, made, fmt)
+
+        return run_library
+    if (biases or skip is not None) and not symmetric:
+        raise UnsupportedError(f"Conv kernel -> {k.output}: a fused bias / residual needs "
+                               "symmetric padding")
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        if not symmetric:
+            y = library.run_kernel(k.without_activation(), env) if act else \
+                library.run_kernel(k, env)
+        else:
+            x, w = kernel_input(k, 0, env), kernel_input(k, 1, env)
+            y = F.conv2d(x, w, stride=stride, padding=pad, dilation=dil)
+            y = y if alpha == 1.0 else y.mul_(alpha)
+            for b in biases:
+                y = y.add_(env[b].reshape(1, -1, 1, 1))
+            if skip is not None:
+                y = y.add_(env[skip].reshape(y.shape))
+        return y if post is None else post(y)
+
+    return run
+
+
+def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """``torch.matmul`` of the two inputs (read through their views) times ``alpha``; on the
+    CPU (``constants`` given) the fastest library for the operands' shapes and strides
+    (:func:`ollie.exec.linear.best_product`: MKL or oneDNN, either orientation, a constant
+    operand packed for oneDNN or for the register-blocked kernel once), chosen on the first
+    call for each shape and stride configuration."""
+    alpha = float(k.params.get("alpha", 1.0))
+    shape = tuple(k.output_shape)
+    chosen: dict[tuple, tuple[str, linear.Product]] = {}
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = kernel_input(k, 0, env), kernel_input(k, 1, env)
+        name = "MKL"
+        if constants is not None:
+            key = (a.shape, a.stride(), b.shape, b.stride())
+            impl = chosen.get(key)
+            if impl is None:
+                impl = chosen[key] = linear.best_product(
+                    a, b, constant=(k.inputs[0] in constants, k.inputs[1] in constants))
+            name, fn = impl
+        if name != "MKL":
+            y = fn(a, b)
+        elif out is not None and a.dim() == b.dim():
+            y = torch.matmul(a, b, out=out.view(*a.shape[:-1], b.shape[-1]))
+        else:
+            y = torch.matmul(a, b)
+        y = y.reshape(shape)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+CUDA_CONFIGS = "cuda_configs"
+"""An eOp kernel's parameter: each of its generated CUDA kernels' ``(BLOCK, num_warps)``,
+recorded once the program was checked on a GPU (:func:`pin_cuda_configs`), so that the
+program, saved and loaded elsewhere, runs the code it was checked with: Triton 3.6
+miscompiled one kernel under one of the configurations the autotuner may pick, and the
+autotuner picks by speed, so it may pick another one on another run."""
+
+
+def pin_cuda_configs(kernels: Sequence[Kernel]) -> list[Kernel]:
+    """``kernels`` with every eOp that ran on the GPU in this process given the launch
+    configurations the autotuner chose for it (:data:`CUDA_CONFIGS`); the others as they
+    are."""
+    from ollie.codegen import compile_eop
+
+    out = []
+    for k in kernels:
+        if k.kind == "eOp" and k.expr is not None and CUDA_CONFIGS not in k.params:
+            # on the GPU a fused activation runs in torch after the generated code for its
+            # argument (_eop_fn)
+            fn = compile_eop(k.without_activation().expr, backend="cuda")  # type: ignore[arg-type]
+            tuned = getattr(fn, "tuned_configs", lambda: None)()
+            if tuned is not None:
+                k = replace(k, params={**k.params, CUDA_CONFIGS: [list(c) for c in tuned]})
+        out.append(k)
+    return out
+
+
+GENERATED_ACTIVATIONS = ("tanh",)
+"""Activation parameters of an eOperator that its generated CPU code computes itself
+(:data:`ollie.codegen.body.TANH_PADE`: vectorised), faster than the generated code followed
+by torch's in-place function. Sigmoid stays with torch (numba's ``np.exp`` is a scalar libm
+call). Why (measured): docs/design/013-eoperator-kernels.md."""
+
+
+def generated_kernel(k: Kernel, backend: str) -> Kernel:
+    """The eOperator whose expression ``k``'s generated code computes: ``k`` without its
+    ``activation`` parameter where torch applies that after the code (:func:`_eop_fn`)."""
+    act = k.params.get("activation")
+    if act and not (backend == "cpu" and act in GENERATED_ACTIVATIONS):
+        return k.without_activation()
+    return k
+
+
+def precompile_programs(programs: Sequence[Program]) -> int:
+    """Compile ahead, side by side in one process per core (:func:`ollie.codegen.precompile.
+    precompile`), the generated CPU code of every eOperator of ``programs`` (the code
+    :func:`_eop_fn` compiles when the kernel is built). Returns how many module forms were
+    compiled there."""
+    from ollie.codegen.precompile import precompile
+
+    return precompile([generated_kernel(k, "cpu").expr for prog in programs
+                       for k in prog.kernels if k.kind == "eOp" and k.expr is not None])
+
+
+_DISCOVERY = threading.local()
+
+
+@contextmanager
+def discovering() -> Iterator[list[Expr]]:
+    """Within this context (in this thread), a generated CPU kernel given an input in a
+    layout it has no code for yet (a channels-last convolution output, read in place by a
+    variant of the kernel: :func:`~ollie.codegen.layout.permute_inputs`) does not compile
+    that variant: it appends the variant's expression to the list this yields and computes
+    its output from contiguous copies of its inputs (the same values). The variants can
+    then be compiled ahead together (:func:`ollie.codegen.precompile.precompile`) before
+    the programs are timed."""
+    found: list[Expr] = []
+    outer = getattr(_DISCOVERY, "found", None)
+    _DISCOVERY.found = found
+    try:
+        yield found
+    finally:
+        _DISCOVERY.found = outer
+
+
+def _eop_fn(k: Kernel, backend: str) -> KernelFn:
+    """Generated code for the eOperator; one with an ``activation`` parameter (tanh, sigmoid:
+    post-processing) runs the code for its argument, then the torch function in place, except
+    for the activations of :data:`GENERATED_ACTIVATIONS` on the CPU, which the generated code
+    applies as it stores each value."""
+    code = generated_kernel(k, backend)
+    if code is not k:
+        inner = _eop_fn(code, backend)
+        apply = linear.ACTIVATIONS[str(k.params["activation"])]
+        return lambda env, out: apply(inner(env, out))
+    from ollie.codegen import compile_eop
+    from ollie.codegen.layout import dense_permutation, permute_inputs
+
+    pinned = k.params.get(CUDA_CONFIGS) if backend == "cuda" else None
+    extra = {} if pinned is None else {"cuda_configs": pinned}
+    fn = compile_eop(k.expr, backend=backend, **extra)  # type: ignore[arg-type]
+    names = k.inputs
+    run_flat = getattr(fn, "run_flat", None)
+    if run_flat is not None:
+        # generated CPU code: flat numpy views of the tensors, no per-call checks (the
+        # program's shapes were checked when it was built)
+        order = fn.input_names
+        shape = tuple(k.output_shape)
+        variants: dict[tuple, Callable] = {(None,) * len(order): run_flat}
+
+        def run_cpu(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+            flat, perms = [], []
+            for n in order:
+                t = env[n]
+                perm = None
+                if not t.is_contiguous():
+                    # a permutation of a dense array (a channels-last conv output) is read in
+                    # place by a kernel for the permuted declaration (ollie.codegen.layout)
+                    perm = dense_permutation(t.shape, t.stride())
+                    t = t.contiguous() if perm is None else t.permute(perm)
+                perms.append(perm)
+                flat.append(t.detach().numpy().reshape(-1))
+            key = tuple(perms)
+            run = variants.get(key)
+            if run is None:
+                rewritten = permute_inputs(k.expr, {n: p for n, p in zip(order, perms,
+                                                                         strict=True) if p})
+                found = getattr(_DISCOVERY, "found", None)
+                if found is not None:  # recorded, not compiled (discovering())
+                    found.append(rewritten)
+                    run = run_flat
+                    flat = [env[n].detach().contiguous().numpy().reshape(-1) for n in order]
+                else:
+                    run = variants[key] = compile_eop(rewritten, backend=backend).run_flat
+            if out is None or not out.is_contiguous():
+                out = torch.empty(shape)
+            run(flat, out.numpy().reshape(-1))
+            return out
+
+        return run_cpu
+
+    declared = k.expr.inputs  # type: ignore[union-attr]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        ins = {n: env[n] for n in names}
+        if backend == "cuda":
+            # a tensor read as a reshape of itself (a 0-d constant declared [1]), row-major as
+            # the CPU code reads every tensor flat; the kernel checks the shapes it is given
+            return fn({n: t if n not in declared or tuple(t.shape) == declared[n]
+                       or t.numel() != math.prod(declared[n]) else t.reshape(declared[n])
+                       for n, t in ins.items()}, out)
+        arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
+        res = fn(arrays, None if out is None else out.numpy())
+        return out if out is not None else torch.from_numpy(res)
+
+    return run
+
+
+def _band_fn(k: Kernel) -> KernelFn:
+    """G2BMM / GBMM (:mod:`ollie.kernels.band`), into ``out`` when one is given."""
+    from ollie.kernels import band
+
+    w, d = int(k.params["w"]), int(k.params["d"])  # type: ignore[call-overload]
+    alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+    op = band.g2bmm if k.kind == "G2BMM" else band.gbmm
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        a, b = kernel_input(k, 0, env), kernel_input(k, 1, env)
+        target = None
+        if out is not None:
+            want = (*a.shape[:2], 2 * w + 1) if k.kind == "G2BMM" else tuple(b.shape)
+            if out.numel() == int(np.prod(want)):
+                target = out.view(want)
+        y = op(a, b, w, d, out=target)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _alias_fn(k: Kernel) -> KernelFn:
+    offset, sizes, strides = k.params["view"]  # type: ignore[misc]
+    src = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        flat = env[src].contiguous().reshape(-1)
+        return torch.as_strided(flat, tuple(sizes), tuple(strides),
+                                flat.storage_offset() + int(offset))
+
+    return run
+
+
+def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """A graph operator run as it is; a convolution whose weight (and bias) are constants of
+    the program runs through the fastest library implementation
+    (:func:`ollie.exec.conv.node_runner`), a MatMul / Gemm with a constant weight through
+    the fastest matrix product (:func:`ollie.exec.linear.node_runner`), and NCHW max
+    pooling on the CPU through :mod:`ollie.kernels.pool`. A ``residual`` convolution
+    (post-processing folded a following residual addition into it) reads the residual as its
+    last input and adds it before its ``activation``."""
+    from ollie.graph import run_node
+
+    node = k.params["node"]
+    extra = list(node.outputs[1:])  # type: ignore[attr-defined]
+    residual = bool(k.params.get("residual"))
+    ins = list(k.inputs[:-1] if residual else k.inputs)
+    skip = k.inputs[-1] if residual else None
+    act = k.params.get("activation")
+    post = POST_OPS[str(act)] if act else None
+    if constants is not None and len(ins) in (2, 3) and not extra and \
+            all(n in constants for n in ins[1:]) and ins[0] not in constants:
+        from ollie.exec.conv import node_runner as conv_node_runner
+
+        fast = conv_node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+                                constants[ins[1]],
+                                constants[ins[2]] if len(ins) == 3 else None,
+                                activation=str(act) if act else None, residual=residual,
+                                prefer=library_of(k))
+        conv = fast is not None
+        if fast is None:
+            fast = linear.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+                                      constants[ins[1]],
+                                      constants[ins[2]] if len(ins) == 3 else None,
+                                      activation=str(act) if act else None,
+                                      residual=residual)
+        if conv:   # the convolution writes into the buffer it is given, if any
+            if skip is not None:
+                return lambda env, out: fast(env[ins[0]], env[skip], out=out)
+            return lambda env, out: fast(env[ins[0]], out=out)
+        if fast is not None:
+            if skip is not None:
+                return lambda env, out: fast(env[ins[0]], env[skip])
+            return lambda env, out: fast(env[ins[0]])
+    if node.op == "MaxPool2d" and not residual and not act and not extra:  # type: ignore
+        return _max_pool_fn(k, node)
+    if node.op == "Softmax" and not residual and not act and not extra:  # type: ignore
+        return _softmax_fn(node)
+
+    declared = [tuple(s) for s in dict(node.attrs).get("output_shapes") or ()]  # type: ignore
+    declared = declared[1:] if len(declared) == 1 + len(extra) else [None] * len(extra)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        outs = run_node(node, [env[n] for n in ins])  # type: ignore[arg-type]
+        for name, t, want in zip(extra, outs[1:], declared, strict=True):
+            if want is not None and tuple(t.shape) != want:  # later kernels trust it
+                raise ShapeError(f"operator '{node.name}' output '{name}' has shape "  # type: ignore
+                                 f"{list(t.shape)}, declared {list(want)}")
+            env[name] = t
+        y = outs[0]
+        if skip is not None:
+            y = y + env[skip]
+        return y if post is None else post(y)
+
+    return run
+
+
+OUT_NODE_OPS = ("MaxPool2d", "Softmax")
+"""Graph operators that, run as they are, can write into a given output buffer."""
+
+
+def writes_out(k: Kernel) -> bool:
+    """Node kernels that can write into a given output buffer (max pooling of NCHW tensors,
+    softmax). A large tensor written into a reused buffer saves its first-touch page faults
+    (docs/design/003-library-kernels-on-the-cpu.md)."""
+    node = k.params.get("node") if k.kind == "Node" else None
+    return k.params.get("op") in OUT_NODE_OPS and len(getattr(node, "outputs", ())) == 1 and \
+        not k.params.get("activation") and not k.params.get("residual")
+
+
+def _softmax_fn(node: object) -> KernelFn:
+    """Softmax into ``out`` when one of the right shape is given, else a fresh tensor."""
+    from ollie.graph import run_node
+
+    dim = int(dict(node.attrs).get("axis", -1))  # type: ignore[attr-defined]
+    name = node.inputs[0]  # type: ignore[attr-defined]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        x = env[name]
+        if out is not None and out.shape == x.shape and out.dtype == x.dtype and \
+                out.device == x.device:
+            return torch.softmax(x, dim, out=out)
+        return run_node(node, [x])[0]  # type: ignore[arg-type]
+
+    return run
+
+
+def _max_pool_fn(k: Kernel, node: object) -> KernelFn:
+    """NCHW-contiguous CPU inputs through :func:`ollie.kernels.pool.max_pool_runner`, others
+    (channels-last: PyTorch is fast there) through the graph executor."""
+    from ollie.graph import run_node
+    from ollie.graph.execute import pad4, pair
+    from ollie.kernels.pool import max_pool_runner
+
+    a = dict(node.attrs)  # type: ignore[attr-defined]
+    kernel = pair(a["kernel_size"])
+    stride = kernel if a.get("stride") is None else pair(a["stride"])
+    pads, dil = pad4(a.get("padding", 0)), pair(a.get("dilation", 1))
+    ceil_mode = bool(a.get("ceil_mode", False))
+    runners: dict[tuple[int, ...], Callable | None] = {}
+    name = k.inputs[0]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        x = env[name]
+        y = None
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+            shape = tuple(x.shape)
+            if shape not in runners:
+                runners[shape] = max_pool_runner(shape, kernel, stride, pads, dil, ceil_mode)
+            fast = runners[shape]
+            y = fast(x, out) if fast is not None else None
+        return y if y is not None else run_node(node, [x])[0]  # type: ignore[arg-type]
+
+    return run
+
+
+def compile_kernel(k: Kernel, backend: str = "cpu",
+                   constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+    """A callable ``(env, out) -> tensor`` executing ``k``; the result has the shape of the
+    kernel's expression (library operators compute it in a compatible flat layout).
+    ``constants``: the program's constant tensors, which a kernel may pre-process once (a
+    convolution's weight packed for oneDNN)."""
+    fn = _compile(k, backend, constants)
+    shape = tuple(k.output_shape)
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        y = fn(env, out)
+        return y if tuple(y.shape) == shape else y.reshape(shape)
+
+    return run
+
+
+def plain_kernel(k: Kernel) -> KernelFn:
+    """``k`` run on the CPU with PyTorch's plain operators (:func:`compile_kernel` without
+    constants: no library choice timed): what an ONNX Runtime region is checked against
+    (:func:`ollie.backends.onnxrt.region.build_region`)."""
+    return compile_kernel(k, "cpu", None)
+
+
+def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None
+             ) -> KernelFn:
+    if k.kind == "eOp":
+        return _eop_fn(k, backend)
+    if k.kind == "Conv":
+        return _conv_fn(k, constants if backend == "cpu" else None)
+    if k.kind == "Matmul":
+        return _matmul_fn(k, constants if backend == "cpu" else None)
+    if k.kind == "Alias":
+        return _alias_fn(k)
+    if k.kind == "Node":
+        return _node_fn(k, constants if backend == "cpu" else None)
+    if k.kind in ("G2BMM", "GBMM"):
+        return _band_fn(k)
+    if k.kind in library.RUNNERS:
+        return lambda env, out: library.run_kernel(k, env)
+    raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")

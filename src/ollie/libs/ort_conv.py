@@ -1,0 +1,119 @@
+"""Convolutions run by ONNX Runtime's CPU kernels (MLAS): a third library implementation of a
+convolution kernel, next to oneDNN with packed weights and eager PyTorch.
+
+On some CPUs and shapes MLAS's convolution is much faster than oneDNN's
+(docs/design/003-library-kernels-on-the-cpu.md); the runtime measures the implementations once
+per configuration and keeps the fastest (:func:`ollie.exec.conv.best_conv`).
+
+:func:`ort_conv` builds a one-node ONNX model (weights and bias as initializers, the input
+shape fixed, the activation as a following node that ONNX Runtime fuses) and an inference
+session with every graph optimisation, the same number of threads as PyTorch, and no
+busy-waiting between runs (spinning threads would take the cores from the next kernel). The
+result is checked against PyTorch on a random input; any failure gives ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ollie.activations import ACTIVATIONS
+
+log = logging.getLogger(__name__)
+Conv = Callable[..., torch.Tensor]
+
+
+def session(graph: object, spinning: bool = False) -> object:
+    """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 18, for ``Col2Im``; checked
+    first): every graph optimisation and PyTorch's number of threads. Its threads busy-wait
+    for work only with ``spinning`` (ONNX Runtime's default): spinning threads keep taking
+    the cores for a while after a run, from whatever kernel of the program runs next."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = torch.get_num_threads()
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
+             input_shape: tuple[int, ...], stride: tuple[int, int], padding: tuple[int, int],
+             dilation: tuple[int, int], groups: int = 1,
+             output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
+             residual: bool = False) -> Conv | None:
+    """``x -> f(op(x, weight, bias, ...))`` for ``op`` ``"Conv2d"`` / ``"ConvTranspose2d"``
+    on float32 NCHW inputs of ``input_shape`` (with ``residual``: ``(x, r) -> f(op(x, ...) +
+    r)``, an Add node ONNX Runtime fuses into the convolution); ``None`` where ONNX Runtime
+    cannot run it."""
+    if op not in ("Conv2d", "ConvTranspose2d") or (activation and activation not in ACTIVATIONS):
+        return None
+    try:
+        from onnx import TensorProto, helper, numpy_helper
+
+        w = weight.detach().cpu().float().contiguous()
+        b = None if bias is None else bias.detach().cpu().float().contiguous()
+        if op == "Conv2d":
+            want = F.conv2d(torch.zeros(input_shape), w, b, stride, padding, dilation, groups)
+        else:
+            want = F.conv_transpose2d(torch.zeros(input_shape), w, b, stride, padding,
+                                      output_padding, groups, dilation)
+        out_shape = list(want.shape)
+        attrs = dict(strides=list(stride), pads=[*padding, *padding], dilations=list(dilation),
+                     group=groups, kernel_shape=list(w.shape[2:]))
+        if op == "ConvTranspose2d":
+            attrs["output_padding"] = list(output_padding)
+        inits = [numpy_helper.from_array(w.numpy(), "W")]
+        names = ["X", "W"]
+        if b is not None:
+            inits.append(numpy_helper.from_array(b.numpy(), "B"))
+            names.append("B")
+        conv_out = "C" if activation or residual else "Y"
+        nodes = [helper.make_node("Conv" if op == "Conv2d" else "ConvTranspose", names,
+                                  [conv_out], **attrs)]
+        inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(input_shape))]
+        if residual:
+            inputs.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, out_shape))
+            nodes.append(helper.make_node("Add", ["C", "Z"], ["S" if activation else "Y"]))
+        if activation:
+            nodes.append(helper.make_node(ACTIVATIONS[activation].onnx, ["S" if residual else "C"],
+                                          ["Y"]))
+        graph = helper.make_graph(
+            nodes, "conv", inputs,
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], inits)
+        sess = session(graph)
+    except Exception as exc:  # an unavailable backend is only skipped
+        log.info("no ONNX Runtime convolution for input %s: %s", list(input_shape), exc)
+        return None
+
+    def run(x: torch.Tensor, *r: torch.Tensor) -> torch.Tensor:
+        feed = {"X": x.detach().contiguous().numpy()}
+        if r:
+            feed["Z"] = r[0].detach().contiguous().numpy()
+        return torch.from_numpy(sess.run(None, feed)[0])
+
+    from ollie.libs.onednn import checked, with_epilogue
+
+    def conv(x: torch.Tensor) -> torch.Tensor:
+        if op == "Conv2d":
+            return F.conv2d(x, w, b, stride, padding, dilation, groups)
+        return F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)
+
+    try:
+        return checked(run, with_epilogue(activation, residual, conv), input_shape, residual)
+    except Exception as exc:
+        log.info("ONNX Runtime convolution failed for input %s: %s", list(input_shape), exc)
+        return None
+
+
+__all__ = ["ort_conv", "session"]

@@ -1,0 +1,136 @@
+"""The choice among implementations: one :class:`Choices` object holds, per configuration, the
+name of the implementation that measured fastest, and picks by measuring when it has none.
+
+Every chooser asks a :class:`Choices` (convolutions, :func:`ollie.exec.conv.best_conv`; matrix
+products, :func:`ollie.exec.linear.best_product`; Winograd tile sizes and product kernels,
+:mod:`ollie.kernels.winograd`, :func:`ollie.kernels.blocked_gemm.grouped_products`). Each takes
+the object to ask as an argument; without one it asks :data:`SHARED`, the process's table,
+so that a configuration measured while one program is built is not measured again for the
+next. Nothing else reads or writes the table: a caller that wants a private, empty choice
+(a test, a benchmark) passes its own :class:`Choices`. Measurement: alternately, for a few
+rounds, with cold caches (:func:`ollie.tune.measure.evict_caches`), like a cuDNN
+benchmark-mode algorithm choice. Why a measured choice:
+docs/design/003-library-kernels-on-the-cpu.md; why one object: docs/design/018-package-layout.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Iterator
+from typing import TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., torch.Tensor])
+
+ANY_OF = " or "
+"""Joins implementation names in a ``prefer`` (:meth:`Choices.fastest_of`): the fastest of
+them."""
+
+
+class Choices:
+    """Per configuration key (a hashable value describing what is computed), the name of the
+    implementation that measured fastest."""
+
+    def __init__(self) -> None:
+        self.table: dict[Hashable, str] = {}
+
+    def get(self, key: Hashable) -> str | None:
+        """The name remembered for ``key``, or None."""
+        return self.table.get(key)
+
+    def remember(self, key: Hashable, name: str) -> None:
+        """Remember ``name`` as the choice for ``key``."""
+        self.table[key] = name
+
+    def forget(self, key: Hashable) -> None:
+        """Drop the choice for ``key`` (if any)."""
+        self.table.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop every choice."""
+        self.table.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.table
+
+    def __getitem__(self, key: Hashable) -> str:
+        return self.table[key]
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(list(self.table))
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def fastest(self, impls: dict[str, F | None], input_shape: tuple[int, ...],
+                key: Hashable | None = None,
+                make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> F:
+        """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
+        ``input_shape`` (or on the arguments ``make_args()`` returns, built only when timing
+        is needed), timed alternately for a few rounds with cold caches
+        (:func:`ollie.tune.measure.evict_caches` before each call: in a program, a
+        convolution's weight and input are rarely still cached, and an implementation that
+        re-lays out the weight on every call looks faster warm than it runs); the choice is
+        remembered per ``key``. ValueError when none is available."""
+        from ollie.tune.measure import evict_caches, measure_alternating
+
+        usable = {n: f for n, f in impls.items() if f is not None}
+        if not usable:
+            raise ValueError("no implementation to choose from")
+        if len(usable) == 1:
+            return next(iter(usable.values()))
+        chosen = self.get(key) if key is not None else None
+        if chosen in usable:
+            return usable[chosen]
+        probe = make_args() if make_args is not None else (torch.randn(input_shape),)
+        def call(f: F) -> Callable[[], object]:
+            return lambda: f(*probe)
+
+        times = measure_alternating({n: call(f) for n, f in usable.items()},
+                                    rounds=7, warmup=1, max_seconds=3.0, prepare=evict_caches)
+        name = min(times, key=times.__getitem__)
+        log.debug("%s: %s (%s)", list(input_shape), name,
+                  ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
+        if key is not None:
+            self.remember(key, name)
+        return usable[name]
+
+    def fastest_of(self, builders: dict[str, Callable[[], F | None]],
+                   input_shape: tuple[int, ...], key: tuple,
+                   make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None,
+                   prefer: str | None = None) -> F:
+        """:meth:`fastest` over implementations built by ``builders`` (each returns a callable
+        or None); once a choice is remembered for ``key`` only the chosen one is built
+        (building an implementation packs a weight or creates an ONNX Runtime session).
+        ``prefer``: the name of the implementation to use, without measuring, when it can be
+        built (a program-level choice, :mod:`ollie.optimizer.libraries`); names joined by
+        :data:`ANY_OF`: the fastest of those that can be built, measured."""
+        if prefer is not None and ANY_OF in prefer:  # the fastest of these, measured
+            subset = {n: builders[n] for n in prefer.split(ANY_OF) if n in builders}
+            if subset:
+                builders, key, prefer = subset, (*key, prefer), None
+        if prefer in builders:
+            impl = builders[prefer]()
+            if impl is not None:
+                return impl
+        chosen = self.get(key)
+        if chosen in builders:
+            impl = builders[chosen]()
+            if impl is not None:
+                return impl
+        return self.fastest({name: build() for name, build in builders.items()}, input_shape,
+                            key, make_args)
+
+
+SHARED = Choices()
+"""The process's choices, asked by every chooser given no :class:`Choices` of its own."""
+
+
+def shared() -> Choices:
+    """:data:`SHARED` (read when called, so that a test may replace it)."""
+    return SHARED
+
+
+__all__ = ["ANY_OF", "SHARED", "Choices", "shared"]
