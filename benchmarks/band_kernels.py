@@ -19,7 +19,7 @@ output (as a runtime with a memory plan would) and keeps its temporaries bounded
                   buffer, times the zero-padded V window (``blocked``) or the clipped one
                   (``blocked-clipped``);
 * derived: the layout eOperators (Q and K, resp. S and V, re-laid out to ``[B*d, M/d, *]``,
-  contiguous copies), the non-dilated kernel (ollie.runtime.band, d = 1) into ``[B*d, M/d, *]``
+  contiguous copies), the non-dilated kernel (ollie.kernels.band, d = 1) into ``[B*d, M/d, *]``
   and the output re-layout copy, all timed; ``derived-fused`` is ``band.g2bmm(..., d=4)``,
   which does the same internally but reads / writes the ``[B, M, 2w+1]`` operand through a
   strided view instead of copying it.
@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import torch
 
-from ollie.runtime import band
+from ollie.kernels import band
 
 B, M, K, W, D = 8, 10000, 64, 1000, 4
 J = 2 * W + 1
