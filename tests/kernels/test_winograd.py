@@ -131,12 +131,12 @@ def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatc
     prefer = f"{conv_choice.WINOGRAD}{conv_choice.ANY_OF}torch"
     # too small to pay back the transforms: no Winograd candidate is built
     conv_choice.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
-                     activation="relu", prefer=prefer)
+                          activation="relu", prefer=prefer)
     assert built == []
     choice.SHARED.clear()
-    monkeypatch.setattr(onednn, "WINOGRAD_MIN_FLOPS", 0)
+    monkeypatch.setattr(conv_choice, "WINOGRAD_MIN_FLOPS", 0)
     conv = conv_choice.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
-                            activation="relu", prefer=prefer)
+                                 activation="relu", prefer=prefer)
     assert built == ["winograd"]
     key = next(k for k in choice.SHARED if k[-1] == prefer)
     assert choice.SHARED[key] in (conv_choice.WINOGRAD, "torch")

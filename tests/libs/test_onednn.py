@@ -331,8 +331,8 @@ def test_every_conv_implementation_adds_a_residual_before_its_activation(act):
     want = f(F.conv2d(x, wt, b, padding=1) + r)
     impls = {"ort": ort_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
                              activation=act, residual=True),
-             "best": conv_choice.best_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1), (1, 1),
-                                      activation=act, residual=True)}
+             "best": conv_choice.best_conv("Conv2d", wt, b, tuple(x.shape), (1, 1), (1, 1),
+                                           (1, 1), activation=act, residual=True)}
     if onednn.available():
         impls["packed"] = onednn.packed_conv2d(wt, tuple(x.shape), (1, 1), (1, 1), (1, 1),
                                                bias=b, activation=act, residual=True)

@@ -271,7 +271,7 @@ def test_report_of_kept_originals_records_the_rewrites_not_kept():
 
 @needs_onednn
 def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only(monkeypatch):
-    from ollie.libs import onednn
+    from ollie.exec import conv
     from ollie.optimizer.libraries import ONEDNN_WINOGRAD, WINOGRAD_ALL, variant, winograd_applies
 
     m, x, prog, _, _ = _original_program()   # a 3x3 Conv2d and a 4x4 stride-2 ConvTranspose2d
@@ -279,7 +279,7 @@ def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only(monk
     # too small for Winograd to pay back its transforms: best_conv would not offer it
     assert not any(winograd_applies(k, prog) for k in convs)
     assert variant(prog, ONEDNN_WINOGRAD) is None
-    monkeypatch.setattr(onednn, "WINOGRAD_MIN_FLOPS", 0)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_FLOPS", 0)
     assert [winograd_applies(k, prog) for k in convs] == [True, True]
     v = variant(prog, ONEDNN_WINOGRAD)
     assert v is not None and all(k.params["library"] == ONEDNN_WINOGRAD
@@ -298,11 +298,11 @@ def test_the_winograd_variant_applies_to_three_by_three_and_gan_layers_only(monk
 
 @needs_onednn
 def test_winograd_wherever_it_applies_puts_the_others_on_onednn(monkeypatch):
-    from ollie.libs import onednn
-    from ollie.libs.onednn import WINOGRAD
+    from ollie.exec import conv
+    from ollie.exec.conv import WINOGRAD
     from ollie.optimizer.libraries import WINOGRAD_ALL, variant, winograd_applies
 
-    monkeypatch.setattr(onednn, "WINOGRAD_MIN_FLOPS", 0)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_FLOPS", 0)
     torch.manual_seed(7)
     m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 6, 1), nn.ReLU(),
                       nn.ConvTranspose2d(6, 3, 4, 2, 1)).eval()
