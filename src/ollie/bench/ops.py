@@ -27,6 +27,7 @@ import ollie
 from ollie.bench.baselines import best_of, cores, fp32_everywhere, g2bmm_formulations, ort_single_op
 from ollie.bench.cases import CASES
 from ollie.optimizer.select import program_label, select
+from ollie.program.params import EOpParams
 from ollie.runtime import cuda_graph
 from ollie.runtime.executor import CompiledProgram
 from ollie.semantics.check import random_inputs
@@ -141,8 +142,8 @@ def run_case(name: str, budget: float, device: str, cache: CostCache, copy_bw: f
         row["program"] = program_label(best.program)
         row["derivation"] = best.candidate.derivation if best.candidate else []
         for k, secs in zip(best.program.kernels, compiled.profile(feed), strict=True):
-            if k.kind == "eOp":
-                nbytes = int(k.params.get("bytes", 0))
+            if isinstance(k.params, EOpParams):
+                nbytes = int(k.params.bytes or 0)
                 bw = nbytes / secs
                 eop = {"shape": list(k.output_shape), "ms": secs * 1e3, "GBps": bw / 1e9,
                        "of_copy": bw / copy_bw}

@@ -19,6 +19,7 @@ import torch
 
 from ollie.codegen.precompile import precompile
 from ollie.ir import Expr
+from ollie.program.params import MatmulParams
 from ollie.program.postprocess import postprocess
 from ollie.program.program import Program, constant_array
 from ollie.runtime.executor import CompiledProgram
@@ -285,10 +286,8 @@ def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
 def program_label(prog: Program) -> str:
     """``prog``'s summary, with the libraries its convolutions are fixed to, if any, and
     whether its products are kept transposed (:mod:`ollie.program.orient`)."""
-    from ollie.program.orient import TRANSPOSED
-
-    libs = sorted({str(k.params["library"]) for k in prog.kernels if k.params.get("library")})
-    if any(k.params.get(TRANSPOSED) for k in prog.kernels):
+    libs = sorted({str(k.params.library) for k in prog.kernels if k.params.library})
+    if any(isinstance(k.params, MatmulParams) and k.params.transposed for k in prog.kernels):
         libs.insert(0, "products transposed")
     return prog.summary() + (f" [{', '.join(libs)}]" if libs else "")
 
@@ -300,13 +299,13 @@ def transposed_candidate(cand: Candidate, expr: Expr) -> Candidate | None:
     from dataclasses import replace
 
     from ollie.ir import format_expr
-    from ollie.program.orient import TRANSPOSED, transposed_products
+    from ollie.program.orient import transposed_products
 
     prog = Program(tuple(expr.decls), (cand.output,), list(cand.kernels), {})
     other = transposed_products(prog)
     if other is None:
         return None
-    done = [k for k in other.kernels if k.params.get(TRANSPOSED)]
+    done = [k for k in other.kernels if isinstance(k.params, MatmulParams) and k.params.transposed]
     notes = ", ".join(f"{k.output} = ({k.inputs[0]} @ {k.inputs[1]}) kept transposed"
                       for k in done)
     step = Step("data_layout_transformation", notes,
