@@ -30,9 +30,10 @@ docs/design/007-program-level-library-choice.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -191,7 +192,9 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
     variants: dict[str, Program] = {}
     decisions: dict[str, LibraryDecision] = {}  # by name
-    for base, program in {None: prog, **alternatives}.items():
+    bases: dict[str | None, Program] = {None: prog}
+    bases.update(alternatives)
+    for base, program in bases.items():
         choices = [PER_OPERATOR]
         if sum(is_library_conv(k) for k in program.kernels) >= 2:
             choices += CHOICES
@@ -201,7 +204,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                 variants[d.name], decisions[d.name] = v, d
     if decided is not None and decided.name not in variants:  # stale: time them all
         return choose_libraries(prog, feeds, want, rtol, None, alternatives, settle=settle)
-    fns, spinning = {}, set()
+    fns: dict[str, Callable[[], object]] = {}
+    spinning: set[str] = set()
     for name, program in variants.items():
         try:
             compiled = CompiledProgram(program, "cpu")
@@ -217,7 +221,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         # through its session (``CompiledProgram.__call__``), cheaper than ``run``
         # (docs/design/009-onnx-runtime-regions.md)
         args = [feeds[n] for n, _ in program.inputs]
-        fns[name] = (lambda c=compiled, a=args: c(*a))
+        fns[name] = functools.partial(compiled, *args)
     if decided is not None and list(fns) == [decided.name]:
         return variants[decided.name], decided, \
             f"convolution libraries: {_label(decided)} (cached)"

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -282,6 +283,7 @@ class _Optimizer:
                                         for akey, a in zip(alt_keys, out.alternatives,
                                                            strict=True)})
             return self.node_kernel(node)
+        assert out.output is not None, "a chosen program names its output"
         kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
                                  prefix=node.name)
         self.rewrite_keys[node.name] = key
@@ -413,7 +415,7 @@ def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
 
 def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None,
              device: str = "cpu", config: OptimizeConfig | None = None,
-             progress: Callable[[str, int, int], None] | None = None, **overrides: object
+             progress: Callable[[str, int, int], None] | None = None, **overrides: Any
              ) -> OptimizedModel:
     """Optimise a model (API.md): returns a callable program with a ``report``.
 

@@ -8,6 +8,7 @@ subprogram is not made slower by a mis-measurement on a busy machine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -279,7 +280,7 @@ def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
                         rejected.append(f"{program_label(variant)}: disagrees or fails")
                         continue
                 compiled = CompiledProgram(variant, device)
-                verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
+                verified.append((vkey, variant, cand, functools.partial(compiled.run, args)))
     return layouts
 
 

@@ -45,7 +45,7 @@ import torch
 from ollie.errors import ShapeError
 from ollie.graph import COMPUTE_OPS
 from ollie.ir import Expr
-from ollie.program.kernel import Kernel
+from ollie.program.kernel import Kernel, View
 from ollie.program.params import ConvParams, EOpParams, KernelKind, NodeParams
 from ollie.program.program import Program
 from ollie.runtime.buffers import BufferCache
@@ -66,10 +66,10 @@ MIN_KERNELS = 2
 :func:`ollie.runtime.onednn.best_conv` already)."""
 
 
-def _flat(view: object, numel: int) -> bool:
+def _flat(view: View | None, numel: int) -> bool:
     from ollie.runtime.library import _flat_identity
 
-    return view is None or _flat_identity(view, numel)  # type: ignore[arg-type]
+    return view is None or _flat_identity(view, numel)
 
 
 def exportable(k: Kernel, constants: Mapping[str, object],
