@@ -13,7 +13,7 @@ from ollie.program.params import ConvParams, G2BMMParams, GBMMParams, KernelKind
 
 
 def _lib(kernels: list[Kernel], kind: str) -> list[Kernel]:
-    return [k for k in kernels if k.kind == KernelKind(kind)]
+    return [k for k in kernels if k.kind is KernelKind(kind)]
 
 
 def _convs(kernels: list[Kernel]) -> list[ConvParams]:

@@ -273,15 +273,12 @@ class _Optimizer:
                                             out.optimized_s * 1e3, reused, out.candidates))
         inverse = {canon: orig for orig, canon in names.items()}
         if out.kernels is None:
-            alt_keys = [skey.with_alternative(i) for i in range(len(out.alternatives))]
-            self.keys.update({a.text: a for a in alt_keys})
+            alts = [(skey.with_alternative(i), a) for i, a in enumerate(out.alternatives)]
+            self.keys.update({akey.text: akey for akey, _ in alts})
+            self.alternative_of.update({akey.text: a for akey, a in alts})
             self.alternatives[node.name] = [
                 (akey.text, rename_kernels(a.kernels, inverse, a.output, node.outputs[0],
-                                           prefix=node.name))
-                for akey, a in zip(alt_keys, out.alternatives, strict=True)]
-            self.alternative_of.update({akey.text: a
-                                        for akey, a in zip(alt_keys, out.alternatives,
-                                                           strict=True)})
+                                           prefix=node.name)) for akey, a in alts]
             return self.node_kernel(node)
         assert out.output is not None, "a chosen program names its output"
         kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],

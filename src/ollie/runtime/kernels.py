@@ -31,24 +31,15 @@ import torch.nn.functional as F
 
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.ir import Expr
+from ollie.program import params as kp
 from ollie.program.kernel import Kernel
-from ollie.program.params import (
-    BAND_KINDS,
-    AliasParams,
-    ConvParams,
-    EOpParams,
-    G2BMMParams,
-    GBMMParams,
-    KernelKind,
-    MatmulParams,
-    NodeParams,
-)
+from ollie.program.params import KernelKind
 from ollie.program.program import Program
+from ollie.runtime import library, linear
+from ollie.runtime.onednn import POST_OPS
 
 if TYPE_CHECKING:
     from ollie.graph.ir import Node
-from ollie.runtime import library, linear
-from ollie.runtime.onednn import POST_OPS
 
 Env = dict[str, torch.Tensor]
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
@@ -72,7 +63,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
     then applies ``activation``."""
     p = k.params
-    assert isinstance(p, ConvParams)
+    assert isinstance(p, kp.ConvParams)
     symmetric = (p.ph_end is None or p.ph == p.ph_end) and (p.pw_end is None or p.pw == p.pw_end)
     stride, dil = (int(p.sh), int(p.sw)), (int(p.dh), int(p.dw))
     pad = (int(p.ph), int(p.pw))
@@ -132,7 +123,7 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
     (:func:`ollie.runtime.linear.best_product`: MKL or oneDNN, either orientation, a constant
     operand packed for oneDNN or for the register-blocked kernel once), chosen on the first
     call for each shape and stride configuration."""
-    assert isinstance(k.params, MatmulParams)
+    assert isinstance(k.params, kp.MatmulParams)
     alpha = float(k.params.alpha)
     shape = tuple(k.output_shape)
     chosen: dict[tuple, tuple[str, linear.Product]] = {}
@@ -176,7 +167,7 @@ def pin_cuda_configs(kernels: Sequence[Kernel]) -> list[Kernel]:
     out = []
     for k in kernels:
         p = k.params
-        if isinstance(p, EOpParams) and k.expr is not None and p.cuda_configs is None:
+        if isinstance(p, kp.EOpParams) and k.expr is not None and p.cuda_configs is None:
             # on the GPU a fused activation runs in torch after the generated code for its
             # argument (_eop_fn)
             inner = k.without_activation().expr
@@ -251,11 +242,10 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     from ollie.codegen.layout import dense_permutation, permute_inputs
 
     p = k.params
-    assert isinstance(p, EOpParams) and k.expr is not None
-    expr = k.expr
+    assert isinstance(p, kp.EOpParams) and k.expr is not None
     pinned = p.cuda_configs if backend == "cuda" else None
     extra = {} if pinned is None else {"cuda_configs": pinned}
-    fn = compile_eop(expr, backend=backend, **extra)
+    fn = compile_eop(k.expr, backend=backend, **extra)
     names = k.inputs
     run_flat = getattr(fn, "run_flat", None)
     if run_flat is not None:
@@ -296,7 +286,7 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
 
         return run_cpu
 
-    declared = expr.inputs
+    declared = k.expr.inputs
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         ins = {n: env[n] for n in names}
@@ -318,7 +308,7 @@ def _band_fn(k: Kernel) -> KernelFn:
     from ollie.runtime import band
 
     p = k.params
-    assert isinstance(p, G2BMMParams | GBMMParams)
+    assert isinstance(p, kp.G2BMMParams | kp.GBMMParams)
     w, d = int(p.w), int(p.d)
     alpha = float(p.alpha)
     op = band.g2bmm if k.kind is KernelKind.G2BMM else band.gbmm
@@ -337,7 +327,7 @@ def _band_fn(k: Kernel) -> KernelFn:
 
 
 def _alias_fn(k: Kernel) -> KernelFn:
-    assert isinstance(k.params, AliasParams)
+    assert isinstance(k.params, kp.AliasParams)
     offset, sizes, strides = k.params.view
     src = k.inputs[0]
 
@@ -360,7 +350,7 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     from ollie.graph import run_node
 
     p = k.params
-    assert isinstance(p, NodeParams)
+    assert isinstance(p, kp.NodeParams)
     node = p.node
     extra = list(node.outputs[1:])
     residual = bool(p.residual)
@@ -424,7 +414,7 @@ def writes_out(k: Kernel) -> bool:
     softmax). A large tensor written into a reused buffer saves its first-touch page faults
     (docs/design/003-library-kernels-on-the-cpu.md)."""
     p = k.params
-    return isinstance(p, NodeParams) and p.op in OUT_NODE_OPS and \
+    return isinstance(p, kp.NodeParams) and p.op in OUT_NODE_OPS and \
         len(getattr(p.node, "outputs", ())) == 1 and not p.activation and not p.residual
 
 
@@ -502,7 +492,7 @@ def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | No
         return _alias_fn(k)
     if k.kind is KernelKind.NODE:
         return _node_fn(k, constants if backend == "cpu" else None)
-    if k.kind in BAND_KINDS:
+    if k.kind in kp.BAND_KINDS:
         return _band_fn(k)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)
