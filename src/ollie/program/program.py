@@ -20,7 +20,7 @@ import numpy as np
 
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
-from ollie.program.params import KernelKind
+from ollie.program.params import KernelKind, NodeParams
 from ollie.program.serialize import (
     FormatError,
     kernel_from_json,
@@ -62,7 +62,8 @@ class Program:
         for k in self.kernels:
             shapes[k.output] = tuple(k.output_shape)
             if len(k.outputs) > 1:  # a multi-output graph node: its declared shapes
-                declared = getattr(k.params.get("node"), "attrs", {}).get("output_shapes") or ()
+                node = k.params.node if isinstance(k.params, NodeParams) else None
+                declared = getattr(node, "attrs", {}).get("output_shapes") or ()
                 shapes.update({n: tuple(s) for n, s in zip(k.outputs[1:], declared[1:],
                                                                   strict=False)})
         return shapes

@@ -133,7 +133,7 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
     root = k.expr.root
     return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
                for s in (root, *nested_scopes(root))) and \
-        _cheap(k.expr, k.params.get("bound") == "compute")
+        _cheap(k.expr, isinstance(k.params, EOpParams) and k.params.bound == "compute")
 
 
 def needs_gather(expr: Expr) -> bool:
@@ -173,7 +173,8 @@ def _cheap(expr: Expr, compute: bool = False) -> bool:
 
 
 def _is_conv(k: Kernel) -> bool:
-    return k.kind is KernelKind.CONV or (k.kind is KernelKind.NODE and k.params.get("op") in _CONVS)
+    p = k.params
+    return k.kind is KernelKind.CONV or (isinstance(p, NodeParams) and p.op in _CONVS)
 
 
 def spans(prog: Program) -> list[tuple[int, int]]:

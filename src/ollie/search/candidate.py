@@ -19,7 +19,7 @@ import torch
 from ollie.fingerprint import fingerprint
 from ollie.ir import Expr
 from ollie.program.kernel import Kernel
-from ollie.program.params import KernelKind
+from ollie.program.params import KernelKind, NodeParams
 from ollie.runtime.library import run_kernels
 from ollie.semantics import interpret
 from ollie.semantics.check import random_inputs, sample_positions
@@ -90,9 +90,9 @@ def program_key(kernels: Sequence[Kernel]) -> str:
     defs: dict[str, str] = {}
     parts = []
     for k in kernels:
+        node = k.params.node if isinstance(k.params, NodeParams) else None
         fp = fingerprint(k.expr, defs) if k.expr is not None else \
-            repr(k.params.get("node")) + repr(k.shape) + "".join(defs.get(n, n)
-                                                                 for n in k.inputs)
+            repr(node) + repr(k.shape) + "".join(defs.get(n, n) for n in k.inputs)
         params = sorted((p, v) for p, v in k.params.items() if isinstance(v, (int, bool, float)))
         defs[k.output] = fp + k.kind
         parts.append(fp + k.kind + repr(params))
