@@ -12,7 +12,7 @@ import ollie
 from ollie.backends.onnxrt import region as ort_region
 from ollie.exec.dispatch import plain_kernel
 from ollie.exec.executor import CompiledProgram
-from ollie.optimizer.libraries import CHOICES, REGIONS, choose_libraries
+from ollie.optimizer.libraries import CHOICES, REGIONS, LibraryDecision, choose_libraries
 from ollie.optimizer.model import OptimizedModel
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
@@ -242,7 +242,7 @@ def test_the_library_choice_offers_regions_and_applies_a_decided_one():
     with torch.inference_mode():
         want = {prog.outputs[0]: m(x)}
     kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, decided=REGIONS)
-    assert decision == REGIONS and note.endswith("(cached)")
+    assert decision == LibraryDecision(REGIONS) and note.endswith("(cached)")
     assert any("region" in k.params for k in kept.kernels)
     wrong = {n: t + 1.0 for n, t in want.items()}
     kept, decision, _ = choose_libraries(prog, feeds, wrong, 1e-3, decided=REGIONS)
@@ -464,7 +464,7 @@ def test_the_library_choice_times_programs_as_they_are_called(monkeypatch):
     monkeypatch.setattr(CompiledProgram, "run", counted)
     monkeypatch.setattr(measure, "measure_alternating", once)
     kept, decision, _ = choose_libraries(prog, feeds, want, 1e-3, settle=0.0)
-    assert decision == REGIONS and REGIONS in timing and len(timing) > 1
+    assert decision == LibraryDecision(REGIONS) and REGIONS in timing and len(timing) > 1
     assert CompiledProgram(kept).whole is not None and REGIONS not in through_run
     assert set(through_run) == set(timing) - {REGIONS}
 

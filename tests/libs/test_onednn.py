@@ -468,10 +468,12 @@ def test_identity_views_keep_a_channels_last_input_as_it_is():
     e = ollie.parse("A: [1, 4, 3, 3]\nL<n=0:1, c=0:4, h=0:3, w=0:3> A[n, c, h, w]")
     x = torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last)
     ident = View(0, (1, 4, 3, 3), (0, 9, 3, 1))
-    k = Kernel("Conv", {}, ("A",), "Y", e, (ident,))
+    conv = {"n": 1, "c": 4, "h": 3, "w": 3, "f": 4, "r": 1, "s": 1, "ph": 0, "pw": 0,
+            "sh": 1, "sw": 1, "dh": 1, "dw": 1}  # (a Conv kernel's required parameters)
+    k = Kernel("Conv", conv, ("A",), "Y", e, (ident,))
     assert _input(k, 0, {"A": x}) is x
     flip = View(0, (1, 4, 3, 3), (0, 9, 1, 3))  # transposed spatial dims
-    k2 = Kernel("Conv", {}, ("A",), "Y", e, (flip,))
+    k2 = Kernel("Conv", conv, ("A",), "Y", e, (flip,))
     torch.testing.assert_close(_input(k2, 0, {"A": x}), x.transpose(2, 3))
 
 

@@ -17,6 +17,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     PER_OPERATOR,
     UNIFORM,
+    LibraryDecision,
     alternative_of,
     choose_libraries,
     is_library_conv,
@@ -64,14 +65,15 @@ def test_uniform_library_variant_is_exact_and_kept_through_save_and_load(tmp_pat
 def test_a_variant_that_disagrees_with_the_reference_is_not_kept():
     _, _, prog, feeds, want = _original_program()
     kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, settle=0.0)
-    assert decision in (PER_OPERATOR, *CHOICES)
+    assert decision is not None and decision.alternative is None and \
+        decision.choice in (PER_OPERATOR, *CHOICES)
     assert note is not None and note.startswith("convolution libraries:") and "ms" in note
     wrong = {n: t + 1.0 for n, t in want.items()}  # no variant can match this
     kept, decision, note = choose_libraries(prog, feeds, wrong, 1e-3)
     assert kept is prog and decision is None and note is None
     # a decision made before is applied without timing, a uniform one still checked
     kept, decision, note = choose_libraries(prog, feeds, want, 1e-3, decided=UNIFORM[0])
-    assert decision == UNIFORM[0] and note.endswith("(cached)")
+    assert decision == LibraryDecision(UNIFORM[0]) and note.endswith("(cached)")
     assert all(k.params["library"] == UNIFORM[0] for k in kept.kernels if is_library_conv(k))
     kept, decision, note = choose_libraries(prog, feeds, wrong, 1e-3, decided=UNIFORM[0])
     assert kept is prog and decision is None
@@ -150,7 +152,7 @@ def test_the_original_operators_are_an_alternative_timed_and_checked():
     assert decision is not None and "original operators: per operator" in note
     assert alternative_of(decision) in (None, "original operators")
     kept, decision, note = choose_libraries(
-        other, feeds, want, 1e-3, decided="original operators: per operator",
+        other, feeds, want, 1e-3, decided=LibraryDecision(PER_OPERATOR, "original operators"),
         alternatives={"original operators": prog})
     assert kept is prog and note.endswith("(cached)")
     assert alternative_of(decision) == "original operators"
@@ -216,7 +218,8 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
 
     def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None, settle=0.0):
         seen.update(alternatives or {})
-        return alternatives["original operators"], "original operators: per operator", \
+        return alternatives["original operators"], \
+            LibraryDecision(PER_OPERATOR, "original operators"), \
             "convolution libraries: original operators, chosen per operator (test)"
 
     monkeypatch.setattr(final, "choose_libraries", originals_win)
@@ -237,7 +240,7 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     # the report of a program that kept the original operators
     def checked(graph, prog, raw, cfg, notes, cache=None, originals=None, ref=None):
         return (originals if originals is not None else postprocess(raw),
-                "original operators: per operator", "optimised")
+                LibraryDecision(PER_OPERATOR, "original operators"), "optimised")
 
     monkeypatch.setattr(model_mod, "checked", checked)
     opt = ollie.optimize(m, (x,), "cpu", time_budget=5.0, use_cache=False, context=False,

@@ -9,44 +9,50 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ollie.program.kernel import Kernel
+from ollie.program.params import ConvParams, G2BMMParams, GBMMParams, KernelKind
 
 
 def _lib(kernels: list[Kernel], kind: str) -> list[Kernel]:
-    return [k for k in kernels if k.kind == kind]
+    return [k for k in kernels if k.kind is KernelKind(kind)]
+
+
+def _convs(kernels: list[Kernel]) -> list[ConvParams]:
+    return [k.params for k in kernels if isinstance(k.params, ConvParams)]
 
 
 def to_matmul(c) -> bool:
     """Exactly one Matmul and otherwise only eOperators."""
-    return len(_lib(c.kernels, "Matmul")) == 1 and not c.library_kinds.count("Conv")
+    return len(_lib(c.kernels, KernelKind.MATMUL)) == 1 and \
+        not c.library_kinds.count(KernelKind.CONV)
 
 
 def to_conv3x3(c) -> bool:
     """Only non-dilated convolutions with taps of at most 3x3 (at least one 3-wide)."""
-    convs = _lib(c.kernels, "Conv")
+    convs = _convs(c.kernels)
     return bool(convs) and len(c.library_kinds) == len(convs) and all(
-        k.params["r"] <= 3 and k.params["s"] <= 3 and k.params["dh"] == 1 and k.params["dw"] == 1
-        for k in convs) and any(3 in (k.params["r"], k.params["s"]) for k in convs)
+        p.r <= 3 and p.s <= 3 and p.dh == 1 and p.dw == 1 for p in convs) and \
+        any(3 in (p.r, p.s) for p in convs)
 
 
 def undilated_conv(c) -> bool:
     """One non-dilated Conv (over re-laid-out input) and eOperators."""
-    convs = _lib(c.kernels, "Conv")
+    convs = _convs(c.kernels)
     return len(convs) == 1 and len(c.library_kinds) == 1 and \
-        convs[0].params["dh"] == 1 and convs[0].params["dw"] == 1 and \
-        convs[0].params["r"] > 1 and convs[0].params["s"] > 1
+        convs[0].dh == 1 and convs[0].dw == 1 and convs[0].r > 1 and convs[0].s > 1
 
 
 def undilated(kind: str) -> Callable:
     def pred(c) -> bool:
-        ks = _lib(c.kernels, kind)
-        return len(ks) == 1 and len(c.library_kinds) == 1 and ks[0].params["d"] == 1
+        ks = [k.params for k in _lib(c.kernels, kind)
+              if isinstance(k.params, G2BMMParams | GBMMParams)]
+        return len(ks) == 1 and len(c.library_kinds) == 1 and ks[0].d == 1
     pred.__doc__ = f"One non-dilated {kind} (over re-laid-out data) and eOperators."
     return pred
 
 
 def single_matmul(c) -> bool:
     """One Matmul reading its operands in place: no copies at all."""
-    return len(c.kernels) == 1 and c.kernels[0].kind == "Matmul"
+    return len(c.kernels) == 1 and c.kernels[0].kind is KernelKind.MATMUL
 
 
 @dataclass(frozen=True)

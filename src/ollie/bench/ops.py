@@ -29,6 +29,7 @@ from ollie.bench.cases import CASES
 from ollie.exec import cuda_graph
 from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.select import program_label, select
+from ollie.program.params import EOpParams
 from ollie.semantics.check import random_inputs
 from ollie.tune.cache import CostCache
 from ollie.tune.measure import measure, measure_alternating
@@ -141,8 +142,8 @@ def run_case(name: str, budget: float, device: str, cache: CostCache, copy_bw: f
         row["program"] = program_label(best.program)
         row["derivation"] = best.candidate.derivation if best.candidate else []
         for k, secs in zip(best.program.kernels, compiled.profile(feed), strict=True):
-            if k.kind == "eOp":
-                nbytes = int(k.params.get("bytes", 0))
+            if isinstance(k.params, EOpParams):
+                nbytes = int(k.params.bytes or 0)
                 bw = nbytes / secs
                 eop = {"shape": list(k.output_shape), "ms": secs * 1e3, "GBps": bw / 1e9,
                        "of_copy": bw / copy_bw}

@@ -14,6 +14,7 @@ import sys
 
 from ollie.errors import ConfigError, OllieError
 from ollie.ir import parse
+from ollie.program.params import EOpParams
 
 MAX_FILE_BYTES = 16 << 20
 """Largest expression file read (16 MiB: expression texts are a few lines long)."""
@@ -115,9 +116,10 @@ def _explain(i: int, cand) -> None:
         print(f"  {n}. {step.rule}: {step.note}")
         print("     " + step.expr.rstrip().splitlines()[-1])
     for k in cand.kernels:
-        rule = "eoperator_generation" if k.kind == "eOp" else "operator_matching"
+        p = k.params
+        rule = "eoperator_generation" if isinstance(p, EOpParams) else "operator_matching"
         n += 1
-        detail = k.params.get("expr", "").rstrip().splitlines()[-1] if k.kind == "eOp" else \
-            ", ".join(f"{p}={v}" for p, v in k.params.items() if isinstance(v, (int, bool)))
+        detail = (p.expr or "").rstrip().splitlines()[-1] if isinstance(p, EOpParams) else \
+            ", ".join(f"{q}={v}" for q, v in p.items() if isinstance(v, (int, bool)))
         print(f"  {n}. {rule}: {k.kind} {k.output} <- {', '.join(k.inputs)}")
         print(f"     {detail}")

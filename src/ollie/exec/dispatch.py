@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,12 +35,17 @@ from ollie.exec import reference as library
 from ollie.ir import Expr
 from ollie.libs.onednn import POST_OPS
 from ollie.libs.tensors import kernel_input
+from ollie.program import params as kp
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind
 from ollie.program.program import Program
+
+if TYPE_CHECKING:
+    from ollie.graph.ir import Node
 
 Env = dict[str, torch.Tensor]
 KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
-OUT_KINDS = ("eOp", "Matmul", "G2BMM", "GBMM")
+OUT_KINDS = (KernelKind.EOP, KernelKind.MATMUL, KernelKind.G2BMM, KernelKind.GBMM)
 """Kernels that write into a given output buffer."""
 
 
@@ -47,7 +53,7 @@ def library_of(k: Kernel) -> str | None:
     """The convolution implementation a program-level choice fixed for kernel ``k``
     (``params["library"]``, see :mod:`ollie.optimizer.libraries`), or None: measured per
     configuration."""
-    lib = k.params.get("library")
+    lib = k.params.library
     return str(lib) if lib else None
 
 
@@ -59,14 +65,15 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     epilogue (post-processing) adds the ``bias`` input per channel and the ``residual`` input,
     then applies ``activation``."""
     p = k.params
-    symmetric = p["ph"] == p.get("ph_end", p["ph"]) and p["pw"] == p.get("pw_end", p["pw"])
-    stride, dil = (int(p["sh"]), int(p["sw"])), (int(p["dh"]), int(p["dw"]))
-    pad = (int(p["ph"]), int(p["pw"]))
-    alpha = float(p.get("alpha", 1.0))
-    act = p.get("activation")
+    assert isinstance(p, kp.ConvParams)
+    symmetric = (p.ph_end is None or p.ph == p.ph_end) and (p.pw_end is None or p.pw == p.pw_end)
+    stride, dil = (int(p.sh), int(p.sw)), (int(p.dh), int(p.dw))
+    pad = (int(p.ph), int(p.pw))
+    alpha = float(p.alpha)
+    act = p.activation
     post = POST_OPS[str(act)] if act else None
-    biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
-    skip = k.inputs[-1] if p.get("residual") else None
+    biases = list(k.inputs[2:2 + int(p.bias or 0)])
+    skip = k.inputs[-1] if p.residual else None
     if symmetric and constants is not None and k.inputs[1] in constants and \
             k.inputs[0] not in constants and all(b in constants for b in biases):
         from ollie.exec.conv import best_conv
@@ -75,7 +82,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
         w = kernel_input(k, 1, constants)
         w = w * alpha if alpha != 1.0 else w
         bias = sum(constants[b].reshape(-1) for b in biases) if biases else None
-        shape = tuple(int(p[n]) for n in ("n", "c", "h", "w"))
+        shape = (int(p.n), int(p.c), int(p.h), int(p.w))
         chosen: dict[bool, onednn.Conv] = {}  # per input memory format, on the first call
         made: onednn.Made = {}  # its output's shape and layout, per input memory format
 
@@ -119,7 +126,8 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
     (:func:`ollie.exec.linear.best_product`: MKL or oneDNN, either orientation, a constant
     operand packed for oneDNN or for the register-blocked kernel once), chosen on the first
     call for each shape and stride configuration."""
-    alpha = float(k.params.get("alpha", 1.0))
+    assert isinstance(k.params, kp.MatmulParams)
+    alpha = float(k.params.alpha)
     shape = tuple(k.output_shape)
     chosen: dict[tuple, tuple[str, linear.Product]] = {}
 
@@ -161,13 +169,16 @@ def pin_cuda_configs(kernels: Sequence[Kernel]) -> list[Kernel]:
 
     out = []
     for k in kernels:
-        if k.kind == "eOp" and k.expr is not None and CUDA_CONFIGS not in k.params:
+        p = k.params
+        if isinstance(p, kp.EOpParams) and k.expr is not None and p.cuda_configs is None:
             # on the GPU a fused activation runs in torch after the generated code for its
             # argument (_eop_fn)
-            fn = compile_eop(k.without_activation().expr, backend="cuda")  # type: ignore[arg-type]
+            inner = k.without_activation().expr
+            assert inner is not None
+            fn = compile_eop(inner, backend="cuda")
             tuned = getattr(fn, "tuned_configs", lambda: None)()
             if tuned is not None:
-                k = replace(k, params={**k.params, CUDA_CONFIGS: [list(c) for c in tuned]})
+                k = replace(k, params=replace(p, cuda_configs=[list(c) for c in tuned]))
         out.append(k)
     return out
 
@@ -182,7 +193,7 @@ call). Why (measured): docs/design/013-eoperator-kernels.md."""
 def generated_kernel(k: Kernel, backend: str) -> Kernel:
     """The eOperator whose expression ``k``'s generated code computes: ``k`` without its
     ``activation`` parameter where torch applies that after the code (:func:`_eop_fn`)."""
-    act = k.params.get("activation")
+    act = k.params.activation
     if act and not (backend == "cpu" and act in GENERATED_ACTIVATIONS):
         return k.without_activation()
     return k
@@ -196,7 +207,7 @@ def precompile_programs(programs: Sequence[Program]) -> int:
     from ollie.codegen.precompile import precompile
 
     return precompile([generated_kernel(k, "cpu").expr for prog in programs
-                       for k in prog.kernels if k.kind == "eOp" and k.expr is not None])
+                       for k in prog.kernels if k.kind is KernelKind.EOP and k.expr is not None])
 
 
 _DISCOVERY = threading.local()
@@ -228,14 +239,16 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     code = generated_kernel(k, backend)
     if code is not k:
         inner = _eop_fn(code, backend)
-        apply = linear.ACTIVATIONS[str(k.params["activation"])]
+        apply = linear.ACTIVATIONS[str(k.params.activation)]
         return lambda env, out: apply(inner(env, out))
     from ollie.codegen import compile_eop
     from ollie.codegen.layout import dense_permutation, permute_inputs
 
-    pinned = k.params.get(CUDA_CONFIGS) if backend == "cuda" else None
+    p = k.params
+    assert isinstance(p, kp.EOpParams) and k.expr is not None
+    pinned = p.cuda_configs if backend == "cuda" else None
     extra = {} if pinned is None else {"cuda_configs": pinned}
-    fn = compile_eop(k.expr, backend=backend, **extra)  # type: ignore[arg-type]
+    fn = compile_eop(k.expr, backend=backend, **extra)
     names = k.inputs
     run_flat = getattr(fn, "run_flat", None)
     if run_flat is not None:
@@ -276,7 +289,7 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
 
         return run_cpu
 
-    declared = k.expr.inputs  # type: ignore[union-attr]
+    declared = k.expr.inputs
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         ins = {n: env[n] for n in names}
@@ -297,15 +310,17 @@ def _band_fn(k: Kernel) -> KernelFn:
     """G2BMM / GBMM (:mod:`ollie.kernels.band`), into ``out`` when one is given."""
     from ollie.kernels import band
 
-    w, d = int(k.params["w"]), int(k.params["d"])  # type: ignore[call-overload]
-    alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
-    op = band.g2bmm if k.kind == "G2BMM" else band.gbmm
+    p = k.params
+    assert isinstance(p, kp.G2BMMParams | kp.GBMMParams)
+    w, d = int(p.w), int(p.d)
+    alpha = float(p.alpha)
+    op = band.g2bmm if k.kind is KernelKind.G2BMM else band.gbmm
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         a, b = kernel_input(k, 0, env), kernel_input(k, 1, env)
         target = None
         if out is not None:
-            want = (*a.shape[:2], 2 * w + 1) if k.kind == "G2BMM" else tuple(b.shape)
+            want = (*a.shape[:2], 2 * w + 1) if k.kind is KernelKind.G2BMM else tuple(b.shape)
             if out.numel() == int(np.prod(want)):
                 target = out.view(want)
         y = op(a, b, w, d, out=target)
@@ -315,7 +330,8 @@ def _band_fn(k: Kernel) -> KernelFn:
 
 
 def _alias_fn(k: Kernel) -> KernelFn:
-    offset, sizes, strides = k.params["view"]  # type: ignore[misc]
+    assert isinstance(k.params, kp.AliasParams)
+    offset, sizes, strides = k.params.view
     src = k.inputs[0]
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
@@ -336,25 +352,27 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     last input and adds it before its ``activation``."""
     from ollie.graph import run_node
 
-    node = k.params["node"]
-    extra = list(node.outputs[1:])  # type: ignore[attr-defined]
-    residual = bool(k.params.get("residual"))
+    p = k.params
+    assert isinstance(p, kp.NodeParams)
+    node = p.node
+    extra = list(node.outputs[1:])
+    residual = bool(p.residual)
     ins = list(k.inputs[:-1] if residual else k.inputs)
     skip = k.inputs[-1] if residual else None
-    act = k.params.get("activation")
+    act = p.activation
     post = POST_OPS[str(act)] if act else None
     if constants is not None and len(ins) in (2, 3) and not extra and \
             all(n in constants for n in ins[1:]) and ins[0] not in constants:
         from ollie.exec.conv import node_runner as conv_node_runner
 
-        fast = conv_node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+        fast = conv_node_runner(node.op, dict(node.attrs),
                                 constants[ins[1]],
                                 constants[ins[2]] if len(ins) == 3 else None,
                                 activation=str(act) if act else None, residual=residual,
                                 prefer=library_of(k))
         conv = fast is not None
         if fast is None:
-            fast = linear.node_runner(node.op, dict(node.attrs),  # type: ignore[attr-defined]
+            fast = linear.node_runner(node.op, dict(node.attrs),
                                       constants[ins[1]],
                                       constants[ins[2]] if len(ins) == 3 else None,
                                       activation=str(act) if act else None,
@@ -367,19 +385,19 @@ def _node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip])
             return lambda env, out: fast(env[ins[0]])
-    if node.op == "MaxPool2d" and not residual and not act and not extra:  # type: ignore
+    if node.op == "MaxPool2d" and not residual and not act and not extra:
         return _max_pool_fn(k, node)
-    if node.op == "Softmax" and not residual and not act and not extra:  # type: ignore
+    if node.op == "Softmax" and not residual and not act and not extra:
         return _softmax_fn(node)
 
-    declared = [tuple(s) for s in dict(node.attrs).get("output_shapes") or ()]  # type: ignore
+    declared = [tuple(s) for s in dict(node.attrs).get("output_shapes") or ()]
     declared = declared[1:] if len(declared) == 1 + len(extra) else [None] * len(extra)
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
-        outs = run_node(node, [env[n] for n in ins])  # type: ignore[arg-type]
+        outs = run_node(node, [env[n] for n in ins])
         for name, t, want in zip(extra, outs[1:], declared, strict=True):
             if want is not None and tuple(t.shape) != want:  # later kernels trust it
-                raise ShapeError(f"operator '{node.name}' output '{name}' has shape "  # type: ignore
+                raise ShapeError(f"operator '{node.name}' output '{name}' has shape "
                                  f"{list(t.shape)}, declared {list(want)}")
             env[name] = t
         y = outs[0]
@@ -398,36 +416,36 @@ def writes_out(k: Kernel) -> bool:
     """Node kernels that can write into a given output buffer (max pooling of NCHW tensors,
     softmax). A large tensor written into a reused buffer saves its first-touch page faults
     (docs/design/003-library-kernels-on-the-cpu.md)."""
-    node = k.params.get("node") if k.kind == "Node" else None
-    return k.params.get("op") in OUT_NODE_OPS and len(getattr(node, "outputs", ())) == 1 and \
-        not k.params.get("activation") and not k.params.get("residual")
+    p = k.params
+    return isinstance(p, kp.NodeParams) and p.op in OUT_NODE_OPS and \
+        len(getattr(p.node, "outputs", ())) == 1 and not p.activation and not p.residual
 
 
-def _softmax_fn(node: object) -> KernelFn:
+def _softmax_fn(node: Node) -> KernelFn:
     """Softmax into ``out`` when one of the right shape is given, else a fresh tensor."""
     from ollie.graph import run_node
 
-    dim = int(dict(node.attrs).get("axis", -1))  # type: ignore[attr-defined]
-    name = node.inputs[0]  # type: ignore[attr-defined]
+    dim = int(dict(node.attrs).get("axis", -1))
+    name = node.inputs[0]
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
         x = env[name]
         if out is not None and out.shape == x.shape and out.dtype == x.dtype and \
                 out.device == x.device:
             return torch.softmax(x, dim, out=out)
-        return run_node(node, [x])[0]  # type: ignore[arg-type]
+        return run_node(node, [x])[0]
 
     return run
 
 
-def _max_pool_fn(k: Kernel, node: object) -> KernelFn:
+def _max_pool_fn(k: Kernel, node: Node) -> KernelFn:
     """NCHW-contiguous CPU inputs through :func:`ollie.kernels.pool.max_pool_runner`, others
     (channels-last: PyTorch is fast there) through the graph executor."""
     from ollie.graph import run_node
     from ollie.graph.execute import pad4, pair
     from ollie.kernels.pool import max_pool_runner
 
-    a = dict(node.attrs)  # type: ignore[attr-defined]
+    a = dict(node.attrs)
     kernel = pair(a["kernel_size"])
     stride = kernel if a.get("stride") is None else pair(a["stride"])
     pads, dil = pad4(a.get("padding", 0)), pair(a.get("dilation", 1))
@@ -444,7 +462,7 @@ def _max_pool_fn(k: Kernel, node: object) -> KernelFn:
                 runners[shape] = max_pool_runner(shape, kernel, stride, pads, dil, ceil_mode)
             fast = runners[shape]
             y = fast(x, out) if fast is not None else None
-        return y if y is not None else run_node(node, [x])[0]  # type: ignore[arg-type]
+        return y if y is not None else run_node(node, [x])[0]
 
     return run
 
@@ -474,17 +492,17 @@ def plain_kernel(k: Kernel) -> KernelFn:
 
 def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None
              ) -> KernelFn:
-    if k.kind == "eOp":
+    if k.kind is KernelKind.EOP:
         return _eop_fn(k, backend)
-    if k.kind == "Conv":
+    if k.kind is KernelKind.CONV:
         return _conv_fn(k, constants if backend == "cpu" else None)
-    if k.kind == "Matmul":
+    if k.kind is KernelKind.MATMUL:
         return _matmul_fn(k, constants if backend == "cpu" else None)
-    if k.kind == "Alias":
+    if k.kind is KernelKind.ALIAS:
         return _alias_fn(k)
-    if k.kind == "Node":
+    if k.kind is KernelKind.NODE:
         return _node_fn(k, constants if backend == "cpu" else None)
-    if k.kind in ("G2BMM", "GBMM"):
+    if k.kind in kp.BAND_KINDS:
         return _band_fn(k)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)

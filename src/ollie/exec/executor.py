@@ -37,6 +37,7 @@ from ollie.exec.dispatch import (
 )
 from ollie.libs.onednn import dense
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, constant_array
 
 __all__ = ["PROFILE_CALLS", "CompiledProgram", "compile_kernel"]
@@ -59,18 +60,17 @@ call. Why this size (measured): docs/design/003-library-kernels-on-the-cpu.md.""
 def conv_takes_out(k: Kernel) -> bool:
     """Whether ``k`` is a convolution that may write into a given buffer (a library ``Conv``
     kernel, or a ``Conv2d`` graph node run as it is, with one output)."""
-    if k.kind == "Conv":
+    if k.kind is KernelKind.CONV:
         return True
-    node = k.params.get("node") if k.kind == "Node" else None
-    return node is not None and getattr(node, "op", None) == "Conv2d" and \
-        len(getattr(node, "outputs", ())) == 1
+    p = k.params
+    return isinstance(p, NodeParams) and p.node.op == "Conv2d" and len(p.node.outputs) == 1
 
 
 def may_return_view(k: Kernel) -> bool:
     """Whether ``Node`` kernel ``k`` may return (a view of) one of its inputs."""
-    node = k.params.get("node") if k.kind == "Node" else None
-    return node is not None and getattr(node, "op", None) in VIEW_OPS and \
-        not k.params.get("activation") and not k.params.get("residual")
+    p = k.params
+    return isinstance(p, NodeParams) and p.node.op in VIEW_OPS and \
+        not p.activation and not p.residual
 
 
 class CompiledProgram:
@@ -163,9 +163,9 @@ class CompiledProgram:
         # buffers of aliased tensors stay alive through their aliases: never pooled. A graph
         # node run as it is may return a view of its inputs (a reshape, a split, an opaque
         # operator): its inputs count as aliased
-        aliased = {k.inputs[0] for k in kernels if k.kind == "Alias"} | \
+        aliased = {k.inputs[0] for k in kernels if k.kind is KernelKind.ALIAS} | \
             {n for k in kernels if may_return_view(k) for n in k.inputs}
-        self.pooled = [k.kind in ("eOp", "Matmul") and k.output not in keep and
+        self.pooled = [k.kind in (KernelKind.EOP, KernelKind.MATMUL) and k.output not in keep and
                        k.output not in aliased and not r
                        for k, r in zip(kernels, self.in_region, strict=True)]
         # the other kernels that can write into a given buffer take one from the cache
@@ -199,11 +199,11 @@ class CompiledProgram:
             return
         shapes = self.program.tensor_shapes()
         shared = keep | aliased | self.pooled_names | \
-            {k.output for k in kernels if k.kind == "Alias" or may_return_view(k)}
+            {k.output for k in kernels if k.kind is KernelKind.ALIAS or may_return_view(k)}
         for i, k in enumerate(kernels):
             if not conv_takes_out(k) or self.in_region[i]:
                 continue
-            r = k.inputs[-1] if k.params.get("residual") else None
+            r = k.inputs[-1] if k.params.residual else None
             if r is not None and r in self.release[i] and k.inputs.count(r) == 1 and \
                     tuple(shapes.get(r, ())) == self.shapes[i] and \
                     r not in shared:

@@ -24,6 +24,13 @@ from ollie.errors import UnsupportedError
 from ollie.kernels import band
 from ollie.libs.tensors import as_tensor, kernel_input
 from ollie.program.kernel import Kernel
+from ollie.program.params import (
+    ConvParams,
+    G2BMMParams,
+    GBMMParams,
+    KernelKind,
+    MatmulParams,
+)
 
 
 def window(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
@@ -46,7 +53,9 @@ def window(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
 
 
 def _alpha(kernel: Kernel, y: torch.Tensor) -> torch.Tensor:
-    alpha = float(kernel.params.get("alpha", 1.0))  # type: ignore[arg-type]
+    p = kernel.params
+    alpha = float(p.alpha) if isinstance(p, MatmulParams | ConvParams | G2BMMParams |
+                                         GBMMParams) else 1.0
     return y if alpha == 1.0 else y * alpha
 
 
@@ -57,17 +66,19 @@ def _matmul(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor
 
 def _conv(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
     p = kernel.params
+    assert isinstance(p, ConvParams)
     x, w = kernel_input(kernel, 0, tensors), kernel_input(kernel, 1, tensors)
-    for dim, pad, pad_end in ((2, "ph", "ph_end"), (3, "pw", "pw_end")):
-        start, size = -int(p[pad]), x.shape[dim]  # type: ignore[call-overload]
-        x = window(x, dim, start, size + int(p[pad]) + int(p[pad_end]))  # type: ignore
-    y = F.conv2d(x, w, stride=(int(p["sh"]), int(p["sw"])),  # type: ignore[call-overload]
-                 dilation=(int(p["dh"]), int(p["dw"])))  # type: ignore[call-overload]
+    for dim, pad, pad_end in ((2, p.ph, p.ph_end), (3, p.pw, p.pw_end)):
+        start, size = -int(pad), x.shape[dim]
+        x = window(x, dim, start, size + int(pad) + int(pad if pad_end is None else pad_end))
+    y = F.conv2d(x, w, stride=(int(p.sh), int(p.sw)), dilation=(int(p.dh), int(p.dw)))
     return _alpha(kernel, y)
 
 
 def _band(kernel: Kernel) -> tuple[int, int]:
-    return int(kernel.params["w"]), int(kernel.params["d"])  # type: ignore[call-overload]
+    p = kernel.params
+    assert isinstance(p, G2BMMParams | GBMMParams)
+    return int(p.w), int(p.d)
 
 
 def _g2bmm(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -88,12 +99,14 @@ def _eop(kernel: Kernel, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
     ins = {n: kernel_input(kernel, i, tensors) for i, n in enumerate(kernel.inputs)}
     device = next((t.device for t in ins.values()), torch.device("cpu"))
     arrays = {n: t.detach().cpu().numpy() for n, t in ins.items()}
+    assert kernel.expr is not None, "an eOperator kernel carries its expression"
     res = np.ascontiguousarray(interpret(kernel.expr, arrays), dtype=np.float32)
     return torch.from_numpy(res).to(device)
 
 
 RUNNERS: dict[str, Callable[[Kernel, Mapping[str, torch.Tensor]], torch.Tensor]] = {
-    "Matmul": _matmul, "Conv": _conv, "G2BMM": _g2bmm, "GBMM": _gbmm, "eOp": _eop,
+    KernelKind.MATMUL: _matmul, KernelKind.CONV: _conv, KernelKind.G2BMM: _g2bmm,
+    KernelKind.GBMM: _gbmm, KernelKind.EOP: _eop,
 }
 
 

@@ -62,8 +62,9 @@ from ollie.match.result import (
 )
 from ollie.match.table import IterTable, Operand, build_table
 from ollie.program.kernel import Kernel, View
+from ollie.program.params import G2BMMParams, GBMMParams, KernelKind, KernelParams
 
-G2BMM, GBMM = "G2BMM", "GBMM"
+G2BMM, GBMM = KernelKind.G2BMM, KernelKind.GBMM
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def _plans(op: str, table: IterTable, r1: str, r2: str) -> list[_Plan] | Mismatc
     return plans
 
 
-def _match(op: str, scope: Scope, decls: Mapping[str, tuple[int, ...]], name: str | None,
+def _match(op: KernelKind, scope: Scope, decls: Mapping[str, tuple[int, ...]], name: str | None,
            layout_eops: bool) -> MatchResult | Mismatch:
     table = build_table(scope, decls)
     if isinstance(table, Mismatch):
@@ -221,7 +222,7 @@ def _severity(issues: Sequence[Issue]) -> tuple[int, int]:
     return sum(i.kind == "group" for i in issues), len(issues)
 
 
-def _build(op: str, table: IterTable, plan: _Plan, decls: Mapping[str, tuple[int, ...]],
+def _build(op: KernelKind, table: IterTable, plan: _Plan, decls: Mapping[str, tuple[int, ...]],
            name: str | None, notes: list[Issue]) -> MatchResult:
     scope, band = table.scope, plan.band
     names = names_for(decls, name, "S" if op == G2BMM else "O")
@@ -259,8 +260,11 @@ def _build(op: str, table: IterTable, plan: _Plan, decls: Mapping[str, tuple[int
         lib_scope = Scope(scope.traversal if plan.direct else out_iters, scope.summation, body)
     lib_out = names.output if plan.direct else names.sub(op.lower())
     free_key = "k" if op == G2BMM else "n"
-    params = {"b": gsize(table, plan.b), "m": band.m, "w": band.w,
-              free_key: gsize(table, plan.free), "d": band.d, "alpha": table.scale}
+    b, free = gsize(table, plan.b), gsize(table, plan.free)
+    params: KernelParams = (
+        G2BMMParams(b=b, m=band.m, w=band.w, k=free, d=band.d, alpha=table.scale)
+        if op == G2BMM else
+        GBMMParams(b=b, m=band.m, w=band.w, n=free, d=band.d, alpha=table.scale))
     kernels.append(Kernel(op, params, tuple(srcs), lib_out, make_expr(kdecls, lib_scope),
                           tuple(views)))
     if not plan.direct:

@@ -61,8 +61,9 @@ from ollie.match.result import (
 )
 from ollie.match.table import IterTable, Operand, build_table
 from ollie.program.kernel import Kernel, View
+from ollie.program.params import ConvParams, KernelKind
 
-OP = "Conv"
+OP = KernelKind.CONV
 _GROUPS = ("XO", "YO", "XY")
 
 
@@ -310,10 +311,10 @@ def _build(table: IterTable, plan: _Plan, decls: Mapping[str, tuple[int, ...]],
         body = product_body(table.scale, reads["X"], reads["Y"])
         lib_scope = Scope(scope.traversal if plan.direct else out_iters, scope.summation, body)
     lib_out = names.output if plan.direct else names.sub("conv")
-    params = {"n": sizes(table, gn), "c": sizes(table, gc), "h": h_in, "w": w_in,
-              "f": sizes(table, gf), "r": r, "s": s, "ph": ph, "pw": pw, "ph_end": ph_end,
-              "pw_end": pw_end, "sh": sh, "sw": sw, "dh": dh, "dw": dw, "groups": 1,
-              "alpha": table.scale}
+    params = ConvParams(n=sizes(table, gn), c=sizes(table, gc), h=h_in, w=w_in,
+                        f=sizes(table, gf), r=r, s=s, ph=ph, pw=pw, ph_end=ph_end,
+                        pw_end=pw_end, sh=sh, sw=sw, dh=dh, dw=dw, groups=1,
+                        alpha=table.scale)
     kernels.append(Kernel(OP, params, (src_i, src_k), lib_out, make_expr(kdecls, lib_scope),
                           (vi, vk)))
     if not plan.direct:

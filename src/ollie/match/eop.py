@@ -26,6 +26,7 @@ from math import prod
 from ollie.ir import Access, Call, Node, Scope, children, format_expr, make_expr, tensor_names
 from ollie.ir.nodes import BinOp, Neg
 from ollie.program.kernel import Kernel
+from ollie.program.params import EOpParams, KernelKind
 
 COMPUTE_BOUND_INTENSITY = 4.0
 """Flops per byte above which an eOperator counts as compute-bound. Matches the ridge point of
@@ -87,13 +88,13 @@ def make_eop(scope: Scope, decls: Mapping[str, tuple[int, ...]], name: str) -> K
     flops = scope_flops(scope)
     nbytes = scope_bytes(scope, decls)
     intensity = flops / nbytes if nbytes else 0.0
-    params = {
-        "expr": format_expr(expr),
-        "inputs": list(inputs),
-        "output_shape": list(scope.shape),
-        "bound": "compute" if intensity > COMPUTE_BOUND_INTENSITY else "memory",
-        "flops": int(flops),
-        "bytes": int(nbytes),
-        "intensity": float(intensity),
-    }
-    return Kernel("eOp", params, inputs, name, expr, ())
+    params = EOpParams(
+        expr=format_expr(expr),
+        inputs=list(inputs),
+        output_shape=list(scope.shape),
+        bound="compute" if intensity > COMPUTE_BOUND_INTENSITY else "memory",
+        flops=int(flops),
+        bytes=int(nbytes),
+        intensity=float(intensity),
+    )
+    return Kernel(KernelKind.EOP, params, inputs, name, expr, ())

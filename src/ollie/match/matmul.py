@@ -42,8 +42,9 @@ from ollie.match.layout import (
 from ollie.match.result import LAYOUT, LAYOUT_TRANSFORM, Issue, MatchResult, Mismatch, mismatch
 from ollie.match.table import IterTable, Operand, build_table
 from ollie.program.kernel import Kernel, View
+from ollie.program.params import KernelKind, MatmulParams
 
-OP = "Matmul"
+OP = KernelKind.MATMUL
 _GROUPS = ("XYO", "XO", "YO", "XY")
 
 
@@ -156,9 +157,9 @@ def _build(table: IterTable, plan: _Plan, decls: Mapping[str, tuple[int, ...]],
         body = product_body(table.scale, reads["X"], reads["Y"])
         lib_scope = Scope(traversal, scope.summation, body)
     lib_out = names.output if plan.direct else names.sub("mm")
-    params = {"b": sizes(table, gb), "m": sizes(table, gm), "n": sizes(table, gn),
-              "k": sizes(table, gk), "trans_a": trans["A"], "trans_b": trans["B"],
-              "alpha": table.scale}
+    params = MatmulParams(b=sizes(table, gb), m=sizes(table, gm), n=sizes(table, gn),
+                          k=sizes(table, gk), trans_a=trans["A"], trans_b=trans["B"],
+                          alpha=table.scale)
     kernels.append(Kernel(OP, params, (srcs["A"], srcs["B"]), lib_out,
                           make_expr(kdecls, lib_scope), (views["A"], views["B"])))
     if not plan.direct:

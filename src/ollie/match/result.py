@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, KernelParams
 
 # Issue kinds (``Issue.kind``).
 BODY = "body"              # the body is not (a constant times) a product of two tensor reads
@@ -101,15 +102,15 @@ class MatchResult:
     @property
     def library(self) -> Kernel:
         """The library kernel (the one kernel whose kind is not ``eOp``)."""
-        return next(k for k in self.kernels if k.kind != "eOp")
+        return next(k for k in self.kernels if k.kind is not KernelKind.EOP)
 
     @property
-    def params(self) -> Mapping[str, object]:
+    def params(self) -> KernelParams:
         return self.library.params
 
     @property
     def eops(self) -> tuple[Kernel, ...]:
-        return tuple(k for k in self.kernels if k.kind == "eOp")
+        return tuple(k for k in self.kernels if k.kind is KernelKind.EOP)
 
     def __str__(self) -> str:
         groups = "; ".join(f"{g}: {' '.join(its) or '-'}" for g, its in self.mapping.items())

@@ -42,13 +42,14 @@ def _refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> str 
         kinds = sorted({type(x).__name__ for x in example_inputs
                         if not isinstance(x, torch.Tensor)})
         return f"non-tensor graph inputs ({', '.join(kinds)})"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     if torch.is_grad_enabled() and (
-            any(x.requires_grad for x in example_inputs)  # type: ignore[union-attr]
+            any(x.requires_grad for x in tensors)
             or any(p.requires_grad for p in gm.parameters())):
         return ("the graph needs gradients (training); Ollie optimises inference graphs: "
                 "call the model under torch.no_grad() / torch.inference_mode() or in eval "
                 "with parameters frozen to use it")
-    devices = {x.device.type for x in example_inputs}  # type: ignore[union-attr]
+    devices = {x.device.type for x in tensors}
     if len(devices) > 1 or devices - {"cpu", "cuda"}:
         return f"inputs on devices {sorted(devices)}"
     return None

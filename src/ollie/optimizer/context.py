@@ -33,6 +33,7 @@ docs/design/008-program-context-step.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -160,7 +161,7 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
                     spinning.add(on)
                 # timed as called in use (a one-region program straight through its session)
                 args = [feeds[n] for n, _ in prog.inputs]
-                built[on] = (lambda c=compiled, a=args: c(*a))
+                built[on] = functools.partial(compiled, *args)
             else:
                 log.info("program context: %s disagrees with the model",
                          _describe(on, start, names))

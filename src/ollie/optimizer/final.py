@@ -27,8 +27,15 @@ from ollie.exec.dispatch import pin_cuda_configs
 from ollie.exec.executor import CompiledProgram
 from ollie.exec.precision import full_fp32, tf32
 from ollie.graph import Graph, Node, run_graph
-from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, CHOICES, choose_libraries, rel_err
+from ollie.optimizer.libraries import (
+    ALTERNATIVE_MARGIN,
+    CHOICES,
+    LibraryDecision,
+    choose_libraries,
+    rel_err,
+)
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, kernel_to_json
 from ollie.tune.cache import CostCache, device_key
 
@@ -52,8 +59,8 @@ accurate as the original, not bit-close to one rounding of it."""
 
 def node_kernel(graph: Graph, node: Node) -> Kernel:
     """``node`` run as it is, by the reference executor."""
-    return Kernel("Node", {"node": node, "op": node.op}, tuple(node.inputs), node.outputs[0],
-                  None, (), tuple(graph.shape(node.outputs[0])))
+    return Kernel(KernelKind.NODE, NodeParams(node=node, op=node.op), tuple(node.inputs),
+                  node.outputs[0], None, (), tuple(graph.shape(node.outputs[0])))
 
 
 def all_nodes(graph: Graph) -> Program:
@@ -94,7 +101,7 @@ def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str]) -> Reference:
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             notes: list[str], cache: CostCache | None = None,
             originals: Program | None = None, ref: Reference | None = None
-            ) -> tuple[Program, str | None, str]:
+            ) -> tuple[Program, LibraryDecision | None, str]:
     """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
     random inputs (``ref``, made here if not given), with its libraries chosen on the CPU
     (``originals``: the original operators as an alternative program, offered when some
@@ -157,7 +164,7 @@ def program_digest(prog: Program) -> str:
 def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
               cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
-              ) -> tuple[Program, str | None]:
+              ) -> tuple[Program, LibraryDecision | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
     and the decision (None: ``prog`` as it is, nothing chosen)."""
@@ -167,17 +174,17 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     # the choices offered are part of the key: a new choice is timed, not skipped
     digests = "+".join(program_digest(p) for p in (prog, *alternatives.values()))
     # so is the margin an alternative wins by: a decision made under another is not reused;
-    # "called": variants timed through ``CompiledProgram.__call__`` (key history:
-    # docs/design/010-caches.md)
-    key = f"libraries-called|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
+    # "called": variants timed through ``CompiledProgram.__call__``; "2": decisions as JSON
+    # (key history: docs/design/010-caches.md)
+    key = f"libraries2-called|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
-    decided = cache.get_decision(key) if cache is not None else None
+    decided = LibraryDecision.from_json(cache.get_decision(key)) if cache is not None else None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
     if note:
         notes.append(note)
     if cache is not None and decision is not None and decision != decided:
-        cache.put_decision(key, decision)
+        cache.put_decision(key, decision.to_json())
     return prog, decision
 
 

@@ -30,9 +30,11 @@ docs/design/007-program-level-library-choice.md.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +42,7 @@ from ollie.backends.onnxrt import region as ort_region
 from ollie.errors import OllieError
 from ollie.exec.conv import ANY_OF, CONV_OPS, WINOGRAD, offers_winograd
 from ollie.program.kernel import Kernel
+from ollie.program.params import ConvParams, KernelKind, NodeParams
 from ollie.program.program import Program
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 
@@ -91,9 +94,41 @@ CHOICES = (*UNIFORM, ONEDNN_WINOGRAD, WINOGRAD_ALL, REGIONS, REGIONS_ONEDNN)
 """The decisions timed against :data:`PER_OPERATOR`."""
 
 
+@dataclass(frozen=True, slots=True)
+class LibraryDecision:
+    """A decision of :func:`choose_libraries`: ``choice`` (:data:`PER_OPERATOR` or one of
+    :data:`CHOICES`) applied to the program itself, or (``alternative`` given) to that
+    alternative program. Its cached form is :meth:`to_json`, read back by :meth:`from_json`;
+    ``name`` is how notes and timings show it."""
+
+    choice: str
+    alternative: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.choice if self.alternative is None else f"{self.alternative}: {self.choice}"
+
+    def to_json(self) -> str:
+        return json.dumps({"choice": self.choice, "alternative": self.alternative})
+
+    @classmethod
+    def from_json(cls, doc: str | None) -> LibraryDecision | None:
+        """The decision cached as ``doc``, or None (none, or not a document of
+        :meth:`to_json`: timed again)."""
+        try:
+            d = json.loads(doc) if doc is not None else None
+        except ValueError:
+            return None
+        if not isinstance(d, dict) or not isinstance(d.get("choice"), str) or \
+                not isinstance(d.get("alternative"), str | None):
+            return None
+        return cls(d["choice"], d["alternative"])
+
+
 def is_library_conv(k: Kernel) -> bool:
     """Whether ``k`` may run through :func:`ollie.exec.conv.best_conv`."""
-    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in CONV_OPS)
+    p = k.params
+    return k.kind is KernelKind.CONV or (isinstance(p, NodeParams) and p.op in CONV_OPS)
 
 
 def winograd_applies(k: Kernel, prog: Program) -> bool:
@@ -102,18 +137,18 @@ def winograd_applies(k: Kernel, prog: Program) -> bool:
     the convolution is large enough)."""
     from ollie.graph.execute import pad4, pair
 
-    if k.kind == "Conv":
-        p = k.params
-        groups = int(p.get("groups", 1))
+    p = k.params
+    if isinstance(p, ConvParams):
+        groups = int(p.groups or 1)
         return offers_winograd(
-            "Conv2d", (int(p["f"]), int(p["c"]) // groups, int(p["r"]), int(p["s"])),
-            tuple(int(p[a]) for a in ("n", "c", "h", "w")), (int(p["sh"]), int(p["sw"])),
-            (int(p["ph"]), int(p["pw"])), (int(p["dh"]), int(p["dw"])), groups)
-    op = k.params.get("op")
-    if k.kind != "Node" or op not in CONV_OPS or len(k.inputs) < 2 or \
+            "Conv2d", (int(p.f), int(p.c) // groups, int(p.r), int(p.s)),
+            (int(p.n), int(p.c), int(p.h), int(p.w)), (int(p.sh), int(p.sw)),
+            (int(p.ph), int(p.pw)), (int(p.dh), int(p.dw)), groups)
+    if not isinstance(p, NodeParams) or p.op not in CONV_OPS or len(k.inputs) < 2 or \
             k.inputs[1] not in prog.constants:
         return False
-    attrs = dict(k.params["node"].attrs)  # type: ignore[attr-defined]
+    op = p.op
+    attrs = dict(p.node.attrs)
     top, left, bottom, right = pad4(attrs.get("padding", 0))
     input_shape = prog.tensor_shapes().get(k.inputs[0])
     return (top, left) == (bottom, right) and input_shape is not None and \
@@ -124,47 +159,53 @@ def winograd_applies(k: Kernel, prog: Program) -> bool:
 
 def with_library(prog: Program, library: str) -> Program:
     """``prog`` with every library convolution fixed to ``library``."""
-    kernels = [replace(k, params={**k.params, "library": library}) if is_library_conv(k)
+    kernels = [replace(k, params=replace(k.params, library=library)) if is_library_conv(k)
                else k for k in prog.kernels]
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
 
 
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
-                     decided: str | None = None,
+                     decided: LibraryDecision | str | None = None,
                      alternatives: Mapping[str, Program] | None = None,
                      settle: float = SETTLE_SECONDS
-                     ) -> tuple[Program, str | None, str | None]:
+                     ) -> tuple[Program, LibraryDecision | None, str | None]:
     """The fastest of ``prog`` (per-operator library choices) and its variants of
     :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
     must match ``want`` within ``rtol`` (relative to each output's largest magnitude).
     ``alternatives``: other programs for the same outputs (``ollie.optimize`` offers the model's
-    original operators when a subprogram was rewritten), timed with their own variants under
-    names ``"<alternative>: <decision>"``, and checked the same way. ``decided``: a decision
-    made before (e.g. from the cost cache), applied without timing (a variant is still
-    checked). ``settle``: seconds idle before the samples around a variant whose ONNX Runtime
-    session spins (0: none). Returns the program, the decision and a note (both None when
-    there is nothing to choose)."""
+    original operators when a subprogram was rewritten), timed with their own variants
+    (decisions with an ``alternative``), and checked the same way. ``decided``: a decision
+    made before (e.g. from the cost cache; a string: a choice for ``prog`` itself), applied
+    without timing (a variant is still checked). ``settle``: seconds idle before the samples
+    around a variant whose ONNX Runtime session spins (0: none). Returns the program, the
+    decision and a note (both None when there is nothing to choose)."""
     from ollie.exec.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
     alternatives = alternatives or {}
+    if isinstance(decided, str):
+        decided = LibraryDecision(decided)
     if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
         return prog, None, None
-    if decided == PER_OPERATOR:  # nothing to check: ``prog`` as it is
+    if decided == LibraryDecision(PER_OPERATOR):  # nothing to check: ``prog`` as it is
         return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
     variants: dict[str, Program] = {}
-    for base, program in {"": prog, **alternatives}.items():
-        names = [PER_OPERATOR]
+    decisions: dict[str, LibraryDecision] = {}  # by name
+    bases: dict[str | None, Program] = {None: prog}
+    bases.update(alternatives)
+    for base, program in bases.items():
+        choices = [PER_OPERATOR]
         if sum(is_library_conv(k) for k in program.kernels) >= 2:
-            names += CHOICES
-        for n in names:
-            name = f"{base}: {n}" if base else n
-            if decided in (None, name) and (v := variant(program, n)) is not None:
-                variants[name] = v
-    if decided is not None and decided not in variants:  # a stale decision: time them all
+            choices += CHOICES
+        for n in choices:
+            d = LibraryDecision(n, base)
+            if decided in (None, d) and (v := variant(program, n)) is not None:
+                variants[d.name], decisions[d.name] = v, d
+    if decided is not None and decided.name not in variants:  # stale: time them all
         return choose_libraries(prog, feeds, want, rtol, None, alternatives, settle=settle)
-    fns, spinning = {}, set()
+    fns: dict[str, Callable[[], object]] = {}
+    spinning: set[str] = set()
     for name, program in variants.items():
         try:
             compiled = CompiledProgram(program, "cpu")
@@ -180,9 +221,10 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         # through its session (``CompiledProgram.__call__``), cheaper than ``run``
         # (docs/design/009-onnx-runtime-regions.md)
         args = [feeds[n] for n, _ in program.inputs]
-        fns[name] = (lambda c=compiled, a=args: c(*a))
-    if decided is not None and list(fns) == [decided]:
-        return variants[decided], decided, f"convolution libraries: {_label(decided)} (cached)"
+        fns[name] = functools.partial(compiled, *args)
+    if decided is not None and list(fns) == [decided.name]:
+        return variants[decided.name], decided, \
+            f"convolution libraries: {_label(decided)} (cached)"
     if len(fns) < 2 or PER_OPERATOR not in fns:
         return prog, None, None
     # a variant whose ONNX Runtime session spins slows whichever runs after it, and is slowed
@@ -192,19 +234,20 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                                 max_seconds=MAX_SECONDS, settle=settle,
                                 lead_seconds=settled_lead(settle), settle_around=spinning)
     best = min(times, key=times.__getitem__)
-    others = [n for n in times if alternative_of(n) is not None]
-    if others and alternative_of(best) is None:
+    others = [n for n in times if decisions[n].alternative is not None]
+    if others and decisions[best].alternative is None:
         fallback = min(others, key=times.__getitem__)
         if times[best] > (1 - ALTERNATIVE_MARGIN) * times[fallback]:
             best = fallback  # not measurably faster than the alternative program
     detail = ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items())
-    return variants[best], best, f"convolution libraries: {_label(best)} ({detail})"
+    chosen = decisions[best]
+    return variants[best], chosen, f"convolution libraries: {_label(chosen)} ({detail})"
 
 
-def alternative_of(decision: str | None) -> str | None:
+def alternative_of(decision: LibraryDecision | None) -> str | None:
     """The alternative program a decision of :func:`choose_libraries` picked, or None (the
     program itself)."""
-    return decision.split(": ", 1)[0] if decision and ": " in decision else None
+    return decision.alternative if decision is not None else None
 
 
 def variant(prog: Program, name: str) -> Program | None:
@@ -215,22 +258,22 @@ def variant(prog: Program, name: str) -> Program | None:
             is_library_conv(k) and winograd_applies(k, prog) for k in prog.kernels):
         return None  # as UNIFORM[0]
     if name == WINOGRAD_ALL:
-        kernels = [replace(k, params={**k.params, "library": WINOGRAD if winograd_applies(
-            k, prog) else UNIFORM[0]}) if is_library_conv(k) else k for k in prog.kernels]
+        kernels = [replace(k, params=replace(k.params, library=WINOGRAD if winograd_applies(
+            k, prog) else UNIFORM[0])) if is_library_conv(k) else k for k in prog.kernels]
         return Program(prog.inputs, prog.outputs, kernels, prog.constants)
     if name in (REGIONS, REGIONS_ONEDNN):
         marked = ort_region.mark_regions(prog)
         if marked is None or name == REGIONS:
             return marked
-        outside = any(is_library_conv(k) and "region" not in k.params for k in marked.kernels)
+        outside = any(is_library_conv(k) and k.params.region is None for k in marked.kernels)
         return with_library(marked, UNIFORM[0]) if outside else None  # else: as REGIONS
     return with_library(prog, name)
 
 
-def _label(decision: str) -> str:
-    base = alternative_of(decision)
-    if base is not None:
-        return f"{base}, {_label(decision.split(': ', 1)[1])}"
+def _label(decided: LibraryDecision) -> str:
+    if decided.alternative is not None:
+        return f"{decided.alternative}, {_label(LibraryDecision(decided.choice))}"
+    decision = decided.choice
     if decision == PER_OPERATOR:
         return "chosen per operator"
     if decision == REGIONS:

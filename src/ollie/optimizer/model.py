@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from ollie.optimizer.final import (
     node_kernel,
     reference,
 )
+from ollie.optimizer.keys import SubprogramKey
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Outcome, cached_outcome
@@ -61,6 +63,7 @@ from ollie.optimizer.select import as_input, layout_key, select
 from ollie.passes.postprocess import describe as describe_postprocess
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
@@ -175,6 +178,8 @@ class _Optimizer:
         switched on only by the context step (:meth:`assemble`)."""
         self.alternative_of: dict[str, Alternative] = {}
         """Each alternative by its key."""
+        self.keys: dict[str, SubprogramKey] = {}
+        """Each key above (:attr:`SubprogramKey.text`) as the value it names."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -206,7 +211,7 @@ class _Optimizer:
         if self.config.device != "cpu" or len(self.graph.shape(out)) != 4 or not chosen:
             return
         if node.op in CHANNELS_LAST_OPS:
-            likely = chosen[-1].kind in ("Node", "Conv")
+            likely = chosen[-1].kind in (KernelKind.NODE, KernelKind.CONV)
         else:
             likely = node.op in PASS_LAYOUT_OPS and \
                 any(n in self.channels_last for n in node.inputs)
@@ -226,13 +231,14 @@ class _Optimizer:
         except OllieError as exc:
             log.info("%s runs as is: %s", node.describe(), exc)
             return self.node_kernel(node)
-        opts = Instantiator(("Matmul",)).complete(low.expr)
+        opts = Instantiator((KernelKind.MATMUL,)).complete(low.expr)
         if not opts:
             return self.node_kernel(node)
         # an element-wise product also matches a Matmul without a summation (k = 1): as an
         # eOperator it fuses with its neighbours and streams at copy bandwidth instead
         # (docs/design/013-eoperator-kernels.md)
-        best = next((o for o in opts if all(k.kind == "eOp" for k in o.kernels)), opts[0])
+        best = next((o for o in opts if all(k.kind is KernelKind.EOP for k in o.kernels)),
+                    opts[0])
         self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
         return rename_kernels(list(best.kernels), {}, best.output, node.outputs[0],
                               prefix=node.name)
@@ -249,7 +255,9 @@ class _Optimizer:
                    if orig in self.constants}
         cl = frozenset(canon for orig, canon in names.items()
                        if orig in self.channels_last and orig not in self.constants)
-        key = fingerprint(expr) + layout_key(cl)
+        skey = SubprogramKey(fingerprint(expr), cl)
+        key = skey.text
+        self.keys[key] = skey
         reused = key in self.memo
         if not reused:
             try:
@@ -265,13 +273,14 @@ class _Optimizer:
                                             out.optimized_s * 1e3, reused, out.candidates))
         inverse = {canon: orig for orig, canon in names.items()}
         if out.kernels is None:
+            alts = [(skey.with_alternative(i), a) for i, a in enumerate(out.alternatives)]
+            self.keys.update({akey.text: akey for akey, _ in alts})
+            self.alternative_of.update({akey.text: a for akey, a in alts})
             self.alternatives[node.name] = [
-                (f"{key}|alternative{i}", rename_kernels(a.kernels, inverse, a.output,
-                                                         node.outputs[0], prefix=node.name))
-                for i, a in enumerate(out.alternatives)]
-            self.alternative_of.update({f"{key}|alternative{i}": a
-                                        for i, a in enumerate(out.alternatives)})
+                (akey.text, rename_kernels(a.kernels, inverse, a.output, node.outputs[0],
+                                           prefix=node.name)) for akey, a in alts]
             return self.node_kernel(node)
+        assert out.output is not None, "a chosen program names its output"
         kernels = rename_kernels(out.kernels, inverse, out.output, node.outputs[0],
                                  prefix=node.name)
         self.rewrite_keys[node.name] = key
@@ -306,7 +315,7 @@ class _Optimizer:
             if alt is None:
                 saving = self.memo[key].original_s - self.memo[key].optimized_s
             else:
-                saving = self.memo[key.rsplit("|", 1)[0]].original_s - alt.seconds
+                saving = self.memo[self.keys[key].base.text].original_s - alt.seconds
             out.append(Group(key, tuple(names), len(names) * max(saving, 0.0),
                              alt.label if alt is not None else ""))
         return out
@@ -368,7 +377,7 @@ class _Optimizer:
         on ``inputs``: the baseline every candidate must beat."""
         canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
                      dict(node.attrs), node.name)
-        kernel = Kernel("Node", {"node": canon, "op": canon.op}, canon.inputs,
+        kernel = Kernel(KernelKind.NODE, NodeParams(node=canon, op=canon.op), canon.inputs,
                         canon.outputs[0], None, (), tuple(expr.shape))
         prog = Program(tuple((n, s) for n, s in expr.decls if n not in weights),
                        (canon.outputs[0],), [kernel],
@@ -403,7 +412,7 @@ def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
 
 def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None,
              device: str = "cpu", config: OptimizeConfig | None = None,
-             progress: Callable[[str, int, int], None] | None = None, **overrides: object
+             progress: Callable[[str, int, int], None] | None = None, **overrides: Any
              ) -> OptimizedModel:
     """Optimise a model (API.md): returns a callable program with a ``report``.
 
@@ -465,7 +474,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         start = frozenset() if chosen_originals else \
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
-        library = (decision or PER_OPERATOR).split(": ", 1)[-1]
+        library = decision.choice if decision is not None else PER_OPERATOR
         try:
             refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
                                     cfg.device, cfg.settle)

@@ -37,7 +37,7 @@ def rename_kernels(kernels: list[Kernel], inputs: Mapping[str, str], output: str
         names.setdefault(k.output, new_output if k.output == output else f"{prefix}_{k.output}")
     out = []
     for k in kernels:
-        out.append(Kernel(k.kind, dict(k.params), tuple(names.get(n, n) for n in k.inputs),
+        out.append(Kernel(k.kind, k.params, tuple(names.get(n, n) for n in k.inputs),
                           names[k.output],
                           None if k.expr is None else rename_expr(k.expr, names),
                           k.views, k.shape))

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from ollie.errors import OllieError
-from ollie.exec.dispatch import CUDA_CONFIGS
 from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.final import ORIGINAL
 from ollie.program.kernel import Kernel
+from ollie.program.params import EOpParams
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ def _report_entry(doc: object) -> SubprogramReport:
 def unpinned_kernels(prog: Program) -> list[str]:
     """The outputs of ``prog``'s eOperators without launch configurations checked on a GPU
     (:data:`~ollie.exec.dispatch.CUDA_CONFIGS`): on a GPU they are autotuned when loaded."""
-    return [k.output for k in prog.kernels if k.kind == "eOp" and CUDA_CONFIGS not in k.params]
+    return [k.output for k in prog.kernels
+            if isinstance(k.params, EOpParams) and k.params.cuda_configs is None]
 
 
 @dataclass

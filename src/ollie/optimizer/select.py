@@ -8,6 +8,7 @@ subprogram is not made slower by a mis-measurement on a busy machine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from ollie.exec.executor import CompiledProgram
 from ollie.exec.precision import tf32
 from ollie.ir import Expr
 from ollie.passes.postprocess import postprocess
+from ollie.program.params import MatmulParams
 from ollie.program.program import Program, constant_array
 from ollie.search.candidate import Candidate, Step, program_key, reference_sample
 from ollie.tune.cache import CostCache, device_key
@@ -278,17 +280,15 @@ def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
                         rejected.append(f"{program_label(variant)}: disagrees or fails")
                         continue
                 compiled = CompiledProgram(variant, device)
-                verified.append((vkey, variant, cand, lambda c=compiled, a=args: c.run(a)))
+                verified.append((vkey, variant, cand, functools.partial(compiled.run, args)))
     return layouts
 
 
 def program_label(prog: Program) -> str:
     """``prog``'s summary, with the libraries its convolutions are fixed to, if any, and
     whether its products are kept transposed (:mod:`ollie.passes.orient`)."""
-    from ollie.passes.orient import TRANSPOSED
-
-    libs = sorted({str(k.params["library"]) for k in prog.kernels if k.params.get("library")})
-    if any(k.params.get(TRANSPOSED) for k in prog.kernels):
+    libs = sorted({str(k.params.library) for k in prog.kernels if k.params.library})
+    if any(isinstance(k.params, MatmulParams) and k.params.transposed for k in prog.kernels):
         libs.insert(0, "products transposed")
     return prog.summary() + (f" [{', '.join(libs)}]" if libs else "")
 
@@ -300,13 +300,13 @@ def transposed_candidate(cand: Candidate, expr: Expr) -> Candidate | None:
     from dataclasses import replace
 
     from ollie.ir import format_expr
-    from ollie.passes.orient import TRANSPOSED, transposed_products
+    from ollie.passes.orient import transposed_products
 
     prog = Program(tuple(expr.decls), (cand.output,), list(cand.kernels), {})
     other = transposed_products(prog)
     if other is None:
         return None
-    done = [k for k in other.kernels if k.params.get(TRANSPOSED)]
+    done = [k for k in other.kernels if isinstance(k.params, MatmulParams) and k.params.transposed]
     notes = ", ".join(f"{k.output} = ({k.inputs[0]} @ {k.inputs[1]}) kept transposed"
                       for k in done)
     step = Step("data_layout_transformation", notes,

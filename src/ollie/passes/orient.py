@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ollie.ir import Access, Node, Scope, make_expr, map_body
 from ollie.match.eop import make_eop
 from ollie.match.layout import blas_trans
 from ollie.program.kernel import Kernel, View, as_int
+from ollie.program.params import KernelKind, MatmulParams, make_params
 from ollie.program.program import Program
 
 TALL = 32
@@ -42,7 +44,9 @@ def _groups(k: Kernel) -> tuple[int, int] | None:
     """``(j1, j2)``: the output dimensions ``[:j1]``, ``[j1:j2]``, ``[j2:]`` of Matmul ``k``
     that flatten to its ``b``, ``m`` and ``n`` (None when they do not)."""
     shape = tuple(k.output_shape)
-    b, m, n = (as_int(k.params[p]) for p in ("b", "m", "n"))
+    p = k.params
+    assert isinstance(p, MatmulParams)
+    b, m, n = as_int(p.b), as_int(p.m), as_int(p.n)
     j1 = next((j for j in range(len(shape) + 1) if math.prod(shape[:j]) == b), None)
     if j1 is None:
         return None
@@ -61,16 +65,17 @@ def transposable(prog: Program, i: int) -> bool:
     columns; two 3-D operand views; no transposition yet) whose output only eOperators read,
     each through its expression (no view), and the program does not return."""
     k = prog.kernels[i]
-    if k.kind != "Matmul" or k.expr is None or k.params.get(TRANSPOSED) or \
+    p = k.params
+    if not isinstance(p, MatmulParams) or k.expr is None or p.transposed or \
             k.output in prog.outputs or len(k.views) != 2 or \
             any(v is None or len(v.sizes) != 3 for v in k.views):
         return False
-    m, n = (as_int(k.params.get(p, 1)) for p in ("m", "n"))
+    m, n = as_int(p.m), as_int(p.n)
     if n < 2 or m < TALL * n or _groups(k) is None:
         return False
     readers = [prog.kernels[r] for r in _readers(prog, k.output)]
     return bool(readers) and all(
-        c.kind == "eOp" and c.expr is not None and
+        c.kind is KernelKind.EOP and c.expr is not None and
         all(j >= len(c.views) or c.views[j] is None
             for j, n in enumerate(c.inputs) if n == k.output)
         for c in readers)
@@ -113,8 +118,10 @@ def transpose_product(prog: Program, i: int) -> Program:
     v0, v1 = k.views
     assert v0 is not None and v1 is not None, "a transposable product reads two views"
     a, b = _swap(v1), _swap(v0)
-    params = {**k.params, "m": k.params["n"], "n": k.params["m"], "trans_a": blas_trans(a),
-              "trans_b": blas_trans(b), TRANSPOSED: True}
+    q = k.params
+    assert isinstance(q, MatmulParams)
+    params = replace(q, m=q.n, n=q.m, trans_a=bool(blas_trans(a)),
+                     trans_b=bool(blas_trans(b)), transposed=True)
     expr = make_expr(k.expr.decls, Scope(trav, root.summation, root.body))
     kernels = list(prog.kernels)
     kernels[i] = Kernel(k.kind, params, (k.inputs[1], k.inputs[0]), k.output, expr, (a, b))
@@ -124,7 +131,8 @@ def transpose_product(prog: Program, i: int) -> Program:
         assert c.expr is not None
         decls = {n: (shape if n == k.output else tuple(s)) for n, s in c.expr.decls}
         new = make_eop(_permute_reads(c.expr.root, k.output, perm), decls, c.output)
-        kernels[r] = Kernel("eOp", {**c.params, **new.params}, new.inputs, c.output,
+        merged = make_params(KernelKind.EOP, {**c.params, **new.params})
+        kernels[r] = Kernel(KernelKind.EOP, merged, new.inputs, c.output,
                             new.expr, ())
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
 

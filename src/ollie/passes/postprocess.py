@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TypedDict
 
 import numpy as np
@@ -41,6 +42,7 @@ from ollie.activations import ACTIVATIONS as FUSED
 from ollie.ir import Access, Affine, BinOp, Call, Expr, Scope, accesses, const
 from ollie.match.eop import make_eop
 from ollie.program.kernel import Kernel, as_int
+from ollie.program.params import AliasParams, ConvParams, KernelKind, NodeParams
 from ollie.program.program import Program
 from ollie.rules.inter import expression_fusion
 from ollie.rules.traversal_merging import inline
@@ -56,8 +58,8 @@ def fold_constants(prog: Program, backend: str = "reference") -> Program:
     constants = dict(prog.constants)
     kernels = []
     for k in prog.kernels:
-        if k.kind != "Node" and k.inputs and all(n in constants for n in k.inputs) and \
-                k.output not in prog.outputs:
+        if k.kind is not KernelKind.NODE and k.inputs and \
+                all(n in constants for n in k.inputs) and k.output not in prog.outputs:
             # (a read-only constant, e.g. a loaded program's, is copied: torch warns on it)
             env = {n: torch.as_tensor(c if c.flags.writeable else c.copy())
                    for n in k.inputs for c in (np.asarray(constants[n]),)}
@@ -99,19 +101,19 @@ def fuse_eops(prog: Program) -> Program:
                 readers.setdefault(n, []).append(i)
         for i, p in enumerate(kernels):
             users = readers.get(p.output, [])
-            if p.kind != "eOp" or p.output in prog.outputs or len(users) != 1:
+            if p.kind is not KernelKind.EOP or p.output in prog.outputs or len(users) != 1:
                 continue
             c = kernels[users[0]]
-            if c.kind != "eOp":
+            if c.kind is not KernelKind.EOP:
                 continue
             fn = activation_of(c, p.output)
             fused = inline_nested(expression_fusion(c.expr, p.output, p.expr))
-            if fn in TORCH_ACTIVATIONS and "activation" not in p.params:
+            if fn in TORCH_ACTIVATIONS and p.params.activation is None:
                 # f(p) with f applied by the runtime to p's values (torch in place, or the
                 # generated code's vectorised tanh), not by numba's scalar libm call per
                 # element (docs/design/013-eoperator-kernels.md)
                 new = make_eop(fused.root, dict(fused.decls), c.output)
-                kernels[users[0]] = Kernel("eOp", {**new.params, "activation": fn},
+                kernels[users[0]] = Kernel(KernelKind.EOP, replace(new.params, activation=fn),
                                            new.inputs, c.output, new.expr, ())
                 del kernels[i]
                 changed = True
@@ -198,7 +200,7 @@ def epilogue_of(k: Kernel, source: str) -> Epilogue | None:
     vectors of a 4-D output, ``r`` one whole tensor other than ``source``): a dict with the
     keys present among ``activation``, ``bias`` (a list of tensor names), ``residual`` (a
     tensor name); else None (also when it does nothing)."""
-    if k.kind != "eOp" or k.expr is None or source not in k.inputs:
+    if k.kind is not KernelKind.EOP or k.expr is None or source not in k.inputs:
         return None
     root = k.expr.root
     body, found = root.body, Epilogue()
@@ -245,8 +247,8 @@ def residual_of(k: Kernel, source: str) -> tuple[str, str | None] | None:
 
 def _symmetric(p: Kernel) -> bool:
     q = p.params
-    return q.get("ph") == q.get("ph_end", q.get("ph")) and \
-        q.get("pw") == q.get("pw_end", q.get("pw"))
+    assert isinstance(q, ConvParams)
+    return (q.ph_end is None or q.ph == q.ph_end) and (q.pw_end is None or q.pw == q.pw_end)
 
 
 def _accepts(p: Kernel, epilogue: Epilogue, constants: Mapping[str, object]) -> bool:
@@ -254,13 +256,13 @@ def _accepts(p: Kernel, epilogue: Epilogue, constants: Mapping[str, object]) -> 
     (a constant) and a residual only on a ``Conv`` kernel with symmetric padding and a
     constant weight (one library call with a bias and a binary-add post-op), or (the
     residual) on an original convolution node."""
-    if "activation" in p.params or "residual" in p.params or "bias" in p.params:
+    q = p.params
+    if q.activation is not None or q.residual is not None or q.bias is not None:
         return False
-    if p.kind == "Node":
-        node = p.params.get("node")
-        return p.params.get("op") in FUSIBLE_NODES and \
-            len(getattr(node, "outputs", ())) == 1 and "bias" not in epilogue
-    if p.kind != "Conv":
+    if isinstance(q, NodeParams):
+        return q.op in FUSIBLE_NODES and \
+            len(getattr(q.node, "outputs", ())) == 1 and "bias" not in epilogue
+    if p.kind is not KernelKind.CONV:
         return False
     if set(epilogue) == {"activation"}:
         return True
@@ -297,8 +299,8 @@ def fuse_epilogues(prog: Program) -> Program:
     drop: set[int] = set()
     for i, p in enumerate(kernels):
         users = readers.get(p.output, [])
-        if p.kind not in ("Conv", "Node") or p.output in prog.outputs or len(users) != 1 or \
-                users[0] in drop or i in drop:
+        if p.kind not in (KernelKind.CONV, KernelKind.NODE) or p.output in prog.outputs or \
+                len(users) != 1 or users[0] in drop or i in drop:
             continue
         c = kernels[users[0]]
         epilogue = epilogue_of(c, p.output)
@@ -308,25 +310,26 @@ def fuse_epilogues(prog: Program) -> Program:
         # a library convolution adds the residual as it is, to its own [n, f, ho, wo] output:
         # not one the eOperator reads as another shape of its storage (a linear layer's
         # [2, 196] input as the [2, 196, 1, 1] of a 1x1 convolution)
-        if "residual" in epilogue and p.kind == "Conv" and \
+        if "residual" in epilogue and p.kind is KernelKind.CONV and \
                 shapes.get(str(epilogue["residual"])) != _conv_output(p):
             continue
-        params = dict(p.params)
+        params = p.params
         inputs = list(p.inputs)
         biases = list(epilogue.get("bias", []))
         if biases:
-            params["bias"] = len(biases)  # the runtime sums them once, when it is built
+            # the runtime sums them once, when it is built
+            params = replace(params, bias=len(biases))
             inputs += biases
         if "residual" in epilogue:
-            params["residual"] = True
+            params = replace(params, residual=True)
             inputs.append(str(epilogue["residual"]))
         if "activation" in epilogue:
-            params["activation"] = epilogue["activation"]
+            params = replace(params, activation=epilogue["activation"])
         expr = p.expr
         if expr is not None:
             expr = inline_nested(expression_fusion(c.expr, p.output, expr))
         kernels[users[0]] = Kernel(p.kind, params, tuple(inputs), c.output, expr, p.views,
-                                   c.output_shape if p.kind == "Node" else p.shape)
+                                   c.output_shape if p.kind is KernelKind.NODE else p.shape)
         drop.add(i)
     if not drop:
         return prog
@@ -344,7 +347,7 @@ def _reads(scope: Scope, name: str) -> bool:
 def identity_view(k: Kernel) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
     """(offset, sizes, strides) when eOp ``k`` reads one tensor in flat order (a reshape or
     a contiguous slice, every read in bounds), else None."""
-    if k.kind != "eOp" or k.expr is None:
+    if k.kind is not KernelKind.EOP or k.expr is None:
         return None
     root = k.expr.root
     acc = root.body
@@ -384,7 +387,8 @@ def eliminate_identities(prog: Program) -> Program:
         if view is None:
             kernels.append(k)
             continue
-        kernels.append(Kernel("Alias", {"view": [view[0], list(view[1]), list(view[2])]},
+        kernels.append(Kernel(KernelKind.ALIAS,
+                              AliasParams(view=[view[0], list(view[1]), list(view[2])]),
                               k.inputs, k.output, k.expr))
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
 
@@ -404,14 +408,15 @@ def postprocess(prog: Program) -> Program:
 def describe(before: Program, after: Program) -> str:
     """One line saying what :func:`postprocess` changed (for an optimisation report)."""
     def count(prog: Program, key: str) -> int:
-        return sum(1 for k in prog.kernels if k.kind in ("Conv", "Node") and k.params.get(key))
+        return sum(1 for k in prog.kernels
+                   if k.kind in (KernelKind.CONV, KernelKind.NODE) and k.params.get(key))
 
     fused = {key: count(after, key) - count(before, key)
              for key in ("activation", "bias", "residual")}
     parts = [f"{len(before.kernels)} -> {len(after.kernels)} kernels"]
     parts += [f"{n} {key} epilogue(s) folded into convolutions" for key, n in fused.items() if n]
-    aliases = sum(k.kind == "Alias" for k in after.kernels) - \
-        sum(k.kind == "Alias" for k in before.kernels)
+    aliases = sum(k.kind is KernelKind.ALIAS for k in after.kernels) - \
+        sum(k.kind is KernelKind.ALIAS for k in before.kernels)
     if aliases:
         parts.append(f"{aliases} identity eOperator(s) made views")
     return "post-processing: " + ", ".join(parts)

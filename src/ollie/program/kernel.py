@@ -11,17 +11,25 @@ with the reference executor of :mod:`ollie.graph`; it has no expression, only a 
 
 A library kernel may read an operand through a :class:`View` (offset and strides into the
 operand's flat storage, as BLAS and ``torch.as_strided`` take them) instead of a copy.
+
+``kind`` is a :class:`~ollie.program.params.KernelKind` and ``params`` the kind's typed
+parameter object (:mod:`ollie.program.params`), itself a read-only mapping. A kernel built
+from a string kind and a plain mapping of parameters gets both converted (an unknown kind
+raises :class:`~ollie.errors.UnsupportedError`, parameters missing for the kind
+:class:`~ollie.program.params.ParamsError`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import SupportsIndex, SupportsInt
 
+from ollie.errors import UnsupportedError
 from ollie.ir import Expr
+from ollie.program.params import PARAMS, KernelKind, KernelParams, NodeParams, make_params
 
-KINDS = ("Matmul", "Conv", "G2BMM", "GBMM", "eOp", "Alias", "Node")
+KINDS = tuple(k.value for k in KernelKind)
 
 
 def as_int(value: object) -> int:
@@ -50,19 +58,30 @@ class View:
 class Kernel:
     """One step of a candidate program."""
 
-    kind: str
-    params: Mapping[str, object]
+    kind: KernelKind
+    params: KernelParams
     inputs: tuple[str, ...]
     output: str
     expr: Expr | None
     views: tuple[View | None, ...] = field(default=())
     shape: tuple[int, ...] | None = None  # for kernels without an expression ("Node")
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UnsupportedError(f"unknown kernel kind '{self.kind}' "
+                                   f"(known: {', '.join(KINDS)})")
+        kind = KernelKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        params: Mapping[str, object] = self.params
+        if type(params) is not PARAMS[kind]:
+            object.__setattr__(self, "params", make_params(kind, params))
+
     @property
     def outputs(self) -> tuple[str, ...]:
         """Every tensor the kernel defines: ``output``, then a multi-output graph node's other
         outputs (a ``Node`` kernel of, e.g., a split)."""
-        node = self.params.get("node") if self.kind == "Node" else None
+        p = self.params
+        node = p.node if isinstance(p, NodeParams) else None
         return (self.output, *getattr(node, "outputs", ())[1:])
 
     @property
@@ -75,9 +94,9 @@ class Kernel:
     def without_activation(self) -> Kernel:
         """The kernel without its fused ``activation`` parameter (and, for kernels with an
         expression ``f(inner)``, computing ``inner``)."""
-        if "activation" not in self.params:
+        if self.params.activation is None:
             return self
-        params = {k: v for k, v in self.params.items() if k != "activation"}
+        params = replace(self.params, activation=None)
         expr = self.expr
         if expr is not None:
             from ollie.ir import Call, Scope
@@ -91,4 +110,4 @@ class Kernel:
 
     def to_json(self) -> dict:
         """The kernel as API.md's JSON: kind and params (eOp params hold the expression text)."""
-        return {"kind": self.kind, "params": dict(self.params)}
+        return {"kind": self.kind.value, "params": dict(self.params)}

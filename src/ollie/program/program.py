@@ -20,6 +20,7 @@ import numpy as np
 
 from ollie.errors import OllieError
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, NodeParams
 from ollie.program.serialize import (
     FormatError,
     kernel_from_json,
@@ -61,7 +62,8 @@ class Program:
         for k in self.kernels:
             shapes[k.output] = tuple(k.output_shape)
             if len(k.outputs) > 1:  # a multi-output graph node: its declared shapes
-                declared = getattr(k.params["node"], "attrs", {}).get("output_shapes") or ()
+                node = k.params.node if isinstance(k.params, NodeParams) else None
+                declared = getattr(node, "attrs", {}).get("output_shapes") or ()
                 shapes.update({n: tuple(s) for n, s in zip(k.outputs[1:], declared[1:],
                                                                   strict=False)})
         return shapes
@@ -88,8 +90,8 @@ class Program:
             raise OllieError(f"program: outputs {missing} are never computed")
 
     def summary(self) -> str:
-        return " -> ".join(k.kind if k.kind != "eOp" else f"eOp{list(k.output_shape)}"
-                           for k in self.kernels)
+        return " -> ".join(k.kind if k.kind is not KernelKind.EOP
+                           else f"eOp{list(k.output_shape)}" for k in self.kernels)
 
     def validate(self) -> None:
         """:meth:`check`, and that every kernel reads tensors of the shapes it declares, its

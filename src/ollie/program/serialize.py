@@ -41,6 +41,7 @@ import numpy as np
 from ollie.errors import OllieError
 from ollie.ir import format_expr, parse
 from ollie.program.kernel import KINDS, Kernel, View
+from ollie.program.params import KernelKind, NodeParams, ParamsError, make_params
 
 
 class FormatError(OllieError):
@@ -75,13 +76,13 @@ def kernel_to_json(k: Kernel, with_node: bool = True) -> dict[str, Any]:
     params = {p: encode(v, f"{where}: parameter '{p}'")
               for p, v in k.params.items() if p != "node"}
     doc: dict[str, Any] = {
-        "kind": k.kind, "params": params, "inputs": list(k.inputs), "output": k.output,
+        "kind": k.kind.value, "params": params, "inputs": list(k.inputs), "output": k.output,
         "expr": None if k.expr is None else format_expr(k.expr),
         "views": [None if v is None else [v.offset, list(v.sizes), list(v.strides)]
                   for v in k.views],
         "shape": None if k.shape is None else list(k.shape)}
-    if k.kind == "Node" and with_node:
-        doc["node"] = node_to_json(k.params["node"], where)
+    if isinstance(k.params, NodeParams) and with_node:
+        doc["node"] = node_to_json(k.params.node, where)
     return doc
 
 
@@ -89,9 +90,11 @@ def kernel_from_json(d: object, where: str = "kernel") -> Kernel:
     """The kernel of document ``d`` (:func:`kernel_to_json`); :class:`FormatError` naming
     ``where`` and the field on anything malformed or unknown."""
     d = _mapping(d, where)
-    kind = _field(d, "kind", str, where)
-    if kind not in KINDS:
-        raise FormatError(f"{where}: unknown kernel kind {kind!r} (known: {', '.join(KINDS)})")
+    kind_name = _field(d, "kind", str, where)
+    if kind_name not in KINDS:
+        raise FormatError(f"{where}: unknown kernel kind {kind_name!r} "
+                          f"(known: {', '.join(KINDS)})")
+    kind = KernelKind(kind_name)
     output = _name(_field(d, "output", str, where), f"{where}: output")
     where = f"{where} ({kind} -> {output})"
     inputs = tuple(_name(n, f"{where}: inputs") for n in _field(d, "inputs", list, where))
@@ -110,7 +113,7 @@ def kernel_from_json(d: object, where: str = "kernel") -> Kernel:
                   for i, v in enumerate(_list(d.get("views", []), f"{where}: views")))
     shape_doc = d.get("shape")
     shape = None if shape_doc is None else _shape(shape_doc, f"{where}: shape")
-    if kind == "Node":
+    if kind is KernelKind.NODE:
         if "node" not in d:
             raise FormatError(f"{where}: a Node kernel needs its 'node'")
         node = node_from_json(d["node"], where)
@@ -120,7 +123,10 @@ def kernel_from_json(d: object, where: str = "kernel") -> Kernel:
             raise FormatError(f"{where}: a Node kernel needs its output 'shape'")
     elif expr is None:
         raise FormatError(f"{where}: a {kind} kernel needs its expression")
-    return Kernel(kind, params, inputs, output, expr, views, shape)
+    try:
+        return Kernel(kind, make_params(kind, params), inputs, output, expr, views, shape)
+    except ParamsError as e:
+        raise FormatError(f"{where}: {e}") from None
 
 
 def _view(v: object, where: str) -> View | None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ollie.errors import OllieError, ShapeError
 from ollie.program.kernel import Kernel, View, as_int
+from ollie.program.params import G2BMMParams, GBMMParams, KernelKind, NodeParams
 
 if TYPE_CHECKING:
     from ollie.program.program import Program
@@ -72,15 +73,16 @@ def _check_kernel(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str
     if k.expr is not None:
         _check_declared(k, shapes, where)
     operands = _operands(k, shapes, where)
-    if k.kind == "Conv":
+    p = k.params
+    if k.kind is KernelKind.CONV:
         _check_conv(k, operands, where)
-    elif k.kind in ("G2BMM", "GBMM"):
-        if as_int(k.params.get("w", 0)) < 0 or as_int(k.params.get("d", 1)) < 1:
+    elif isinstance(p, G2BMMParams | GBMMParams):
+        if as_int(p.w) < 0 or as_int(p.d) < 1:
             raise ShapeError(f"{where}: band width must be >= 0 and dilation >= 1")
-    elif k.kind == "Alias":
+    elif k.kind is KernelKind.ALIAS:
         if len(k.inputs) != 1 or math.prod(shapes[k.inputs[0]]) != math.prod(out):
             raise ShapeError(f"{where}: an alias must have as many elements as its input")
-    elif k.kind == "Node":
+    elif k.kind is KernelKind.NODE:
         return _check_node(k, shapes, out, where)
     return {}
 
@@ -149,10 +151,11 @@ def _check_node(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str
 
     from ollie.graph import OPAQUE, Node, run_node
 
-    node = k.params["node"]
+    assert isinstance(k.params, NodeParams)
+    node = k.params.node
     if not isinstance(node, Node):
         raise TypeError(f"its 'node' parameter is a {type(node).__name__}, not a graph operator")
-    residual = bool(k.params.get("residual"))
+    residual = bool(k.params.residual)
     ins = list(k.inputs[:-1] if residual else k.inputs)
     if [n for n in node.inputs if n] != ins or not node.outputs:
         raise ShapeError(f"{where}: its operator reads {list(node.inputs)}, the kernel {ins}")

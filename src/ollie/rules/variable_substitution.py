@@ -215,6 +215,13 @@ def split_summation_iter(scope: Scope, name: str, k: int,
 
     When ``k`` does not divide ``|y|`` the domain grows to a multiple of ``k``; that is exact
     only if the body is provably zero on the added values (checked, else ExprError)."""
+    return split_summation_iters(scope, name, k, shapes)[0]
+
+
+def split_summation_iters(scope: Scope, name: str, k: int,
+                          shapes: Mapping[str, tuple[int, ...]]) -> tuple[Scope, Iter, Iter]:
+    """:func:`split_summation_iter`, and the new summation iterators ``(yq, yr)`` (the tile
+    index and the offset within a tile)."""
     from ollie.rules.zeros import nonzero_interval
 
     it = scope.iter(name)
@@ -228,9 +235,10 @@ def split_summation_iter(scope: Scope, name: str, k: int,
             raise ExprError(f"splitting '{name}' by {k} would add non-zero terms")
     taken = iter_names(scope)
     q, r = fresh_name(name + "q", taken), fresh_name(name + "r", taken)
+    iq, ir = Iter(q, 0, nq), Iter(r, 0, k)
     new_sum: list[Iter] = []
     for t in scope.summation:
-        new_sum += [Iter(q, 0, nq), Iter(r, 0, k)] if t.name == name else [t]
+        new_sum += [iq, ir] if t.name == name else [t]
     ranges = {**{t.name: t.range for t in scope.traversal}, **{t.name: t.range for t in new_sum}}
     body = subst_body(scope.body, {name: var(q) * k + var(r) + it.lo}, ranges)
-    return Scope(scope.traversal, tuple(new_sum), body)
+    return Scope(scope.traversal, tuple(new_sum), body), iq, ir

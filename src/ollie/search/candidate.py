@@ -20,6 +20,7 @@ from ollie.exec.reference import run_kernels
 from ollie.fingerprint import fingerprint
 from ollie.ir import Expr
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind, NodeParams
 from ollie.semantics import interpret
 from ollie.semantics.check import random_inputs, sample_positions
 
@@ -58,7 +59,7 @@ class Candidate:
 
     @property
     def library_kinds(self) -> list[str]:
-        return [k.kind for k in self.kernels if k.kind != "eOp"]
+        return [k.kind for k in self.kernels if k.kind is not KernelKind.EOP]
 
     def run(self, inputs: Mapping[str, object]) -> np.ndarray:
         """Execute the kernels on ``inputs``; returns the numpy result."""
@@ -69,7 +70,7 @@ class Candidate:
     def summary(self) -> str:
         parts = []
         for k in self.kernels:
-            if k.kind == "eOp":
+            if k.kind is KernelKind.EOP:
                 parts.append(f"eOp{list(k.output_shape)}")
             else:
                 shown = ",".join(f"{p}={v}" for p, v in k.params.items()
@@ -89,9 +90,9 @@ def program_key(kernels: Sequence[Kernel]) -> str:
     defs: dict[str, str] = {}
     parts = []
     for k in kernels:
+        node = k.params.node if isinstance(k.params, NodeParams) else None
         fp = fingerprint(k.expr, defs) if k.expr is not None else \
-            repr(k.params.get("node")) + repr(k.shape) + "".join(defs.get(n, n)
-                                                                 for n in k.inputs)
+            repr(node) + repr(k.shape) + "".join(defs.get(n, n) for n in k.inputs)
         params = sorted((p, v) for p, v in k.params.items() if isinstance(v, (int, bool, float)))
         defs[k.output] = fp + k.kind
         parts.append(fp + k.kind + repr(params))

@@ -32,12 +32,13 @@ from ollie.fingerprint import FingerprintSet
 from ollie.ir import Access, Affine, Expr, Scope, accesses, format_expr, var
 from ollie.match import MatchResult, Mismatch
 from ollie.match.result import BODY, MIXED
+from ollie.program.params import ConvParams, G2BMMParams, GBMMParams, KernelKind
 from ollie.rules.base import Path, replace_scope, scope_paths
 from ollie.rules.boundary import read_hull, tighten, with_range, zero_outside
 from ollie.rules.layout import split_dim
 from ollie.rules.summation_splitting import split_summation
 from ollie.rules.traversal_merging import inline
-from ollie.rules.variable_substitution import build_shift, build_split, split_summation_iter
+from ollie.rules.variable_substitution import build_shift, build_split, split_summation_iters
 from ollie.search.candidate import Step
 from ollie.search.instantiate import Instantiator, Option
 
@@ -50,6 +51,28 @@ built for: a property of the Conv target that guided derivation tiles larger ker
 class Proposal:
     expr: Expr
     steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One rule application of a guided move: the rule (paper name) and what it did."""
+
+    rule: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A guided proposal for one scope: the scope it rewrites that scope to, and the rule
+    applications leading there, in order (a move may take several rules, e.g. tiling a kernel
+    tap: a variable substitution, then a summation splitting)."""
+
+    scope: Scope
+    notes: tuple[Note, ...]
+
+
+def _move(scope: Scope, rule: str, text: str) -> Move:
+    return Move(scope, (Note(rule, text),))
 
 
 def _step(rule: str, note: str, expr: Expr) -> Step:
@@ -145,8 +168,8 @@ def _index(scope: Scope, tensor: str | Scope, dim: int):
 
 def _proposals_for(expr: Expr, path: Path, scope: Scope, flat: Scope,
                    results: dict[str, MatchResult | Mismatch],
-                   sources: dict[str, Scope]) -> Iterator[tuple[Scope, str, str]]:
-    """(new scope, rule, note) proposals for the scope at ``path``."""
+                   sources: dict[str, Scope]) -> Iterator[Move]:
+    """The guided moves proposed for the scope at ``path``."""
     trav = {it.name for it in scope.traversal}
     summ = {it.name for it in scope.summation}
     for target, res in results.items():
@@ -165,8 +188,8 @@ def _proposals_for(expr: Expr, path: Path, scope: Scope, flat: Scope,
                     for n, c in lin.items():
                         new = _attempt(build_shift, scope, n, comb * c) if abs(c) == 1 else None
                         if new is not None:
-                            yield (new, "variable_substitution",
-                                   f"shift {n} -> {comb * c} (toward {target})")
+                            yield _move(new, "variable_substitution",
+                                        f"shift {n} -> {comb * c} (toward {target})")
                 operand: str | Scope | None = tensor if tensor in expr.inputs else \
                     sources.get(tensor)
                 if operand is None:
@@ -176,11 +199,11 @@ def _proposals_for(expr: Expr, path: Path, scope: Scope, flat: Scope,
                 shape = expr.inputs.get(tensor, ()) if isinstance(operand, str) else ()
                 new = _attempt(split_dim, scope, operand, shape, dim, k) if k else None
                 if new is not None:
-                    yield (new, "data_layout_transformation",
-                           f"split {tensor} dim {dim} by {k} (toward {target})")
+                    yield _move(new, "data_layout_transformation",
+                                f"split {tensor} dim {dim} by {k} (toward {target})")
             if outer and outer != summ:
-                yield (split_summation(scope, tuple(sorted(outer))), "summation_splitting",
-                       f"Sum<{','.join(sorted(outer))} | ...> (toward {target})")
+                yield _move(split_summation(scope, tuple(sorted(outer))), "summation_splitting",
+                            f"Sum<{','.join(sorted(outer))} | ...> (toward {target})")
         else:
             yield from _from_match(expr, scope, flat, target, res)
 
@@ -214,9 +237,10 @@ def _layout_factor(idx, flat: Scope) -> int:
 
 
 def _from_match(expr: Expr, scope: Scope, flat: Scope, target: str,
-                res: MatchResult) -> Iterator[tuple[Scope, str, str]]:
+                res: MatchResult) -> Iterator[Move]:
     params = res.params
-    dilations = [params.get(p, 1) for p in ("d", "dh", "dw")]
+    dilations = [params.d] if isinstance(params, G2BMMParams | GBMMParams) else \
+        [params.dh, params.dw] if isinstance(params, ConvParams) else []
     trav = {it.name: it for it in scope.traversal}
     for d in {int(x) for x in dilations if isinstance(x, int) and x > 1}:
         for acc in accesses(flat.body):
@@ -227,25 +251,24 @@ def _from_match(expr: Expr, scope: Scope, flat: Scope, target: str,
                             abs(c2) == d for n2, c2 in coefs.items() if n2 != n):
                         new = _attempt(build_split, scope, n, d)
                         if new is not None:
-                            yield (new, "variable_substitution",
-                                   f"split {n} by {d} (dilation, toward non-dilated {target})")
-    if target == "Conv" and params.get("sh") == 1 and params.get("sw") == 1 and \
-            params.get("dh") == 1 and params.get("dw") == 1:
+                            yield _move(new, "variable_substitution", f"split {n} by {d} "
+                                        f"(dilation, toward non-dilated {target})")
+    if target == KernelKind.CONV and isinstance(params, ConvParams) and \
+            params.sh == params.sw == params.dh == params.dw == 1:
         for role in ("r", "s"):
             taps = res.mapping.get(role, ())
             if len(taps) == 1 and scope.iter(taps[0]).size > FAST_CONV_KERNEL:
                 yield from _tile(expr, scope, taps[0])
 
 
-def _tile(expr: Expr, scope: Scope, tap: str) -> Iterator[tuple[Scope, str, str]]:
+def _tile(expr: Expr, scope: Scope, tap: str) -> Iterator[Move]:
     try:
-        split = split_summation_iter(scope, tap, FAST_CONV_KERNEL, expr.inputs)
+        split, tiles, _ = split_summation_iters(scope, tap, FAST_CONV_KERNEL, expr.inputs)
     except ExprError:
         return
-    q = next(it.name for it in split.summation if it not in scope.summation
-             and it.name.startswith(tap) and it.name.endswith("q"))
-    yield (split_summation(split, (q,)), "variable_substitution",
-           f"tile {tap} by {FAST_CONV_KERNEL} (Conv target kernel) and sum tiles outside")
+    yield Move(split_summation(split, (tiles.name,)), (
+        Note("variable_substitution", f"tile {tap} by {FAST_CONV_KERNEL} (Conv target kernel)"),
+        Note("summation_splitting", "sum tiles outside")))
 
 
 def proposals(expr: Expr, inst: Instantiator) -> list[Proposal]:
@@ -255,13 +278,12 @@ def proposals(expr: Expr, inst: Instantiator) -> list[Proposal]:
         info = inst.infos.get(scope)
         if info is None or (info.eop_bound != "compute" and not _contraction(info)):
             continue  # memory-bound element-wise / re-indexing scopes are fine as eOperators
-        for new_scope, rule, note in _proposals_for(expr, path, scope, info.scope, info.results,
-                                                    info.sources):
-            new = Expr(expr.decls, replace_scope(expr.root, path, new_scope))
-            steps = [_step(rule, note, new)]
-            if note.startswith("tile"):
-                steps.insert(0, Step("variable_substitution", note.split(" and ")[0], ""))
-                steps[-1] = _step("summation_splitting", "sum tiles outside", new)
+        for move in _proposals_for(expr, path, scope, info.scope, info.results, info.sources):
+            new = Expr(expr.decls, replace_scope(expr.root, path, move.scope))
+            # (only the last rule's expression is shown: the moves before it are not
+            # separate states of the search)
+            *before, last = move.notes
+            steps = [*(Step(n.rule, n.text, "") for n in before), _step(last.rule, last.text, new)]
             new, norm = normalize(new)
             out.append(Proposal(new, tuple(steps + norm)))
     return out

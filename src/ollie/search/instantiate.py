@@ -20,6 +20,7 @@ from ollie.fingerprint import fingerprint
 from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
 from ollie.match import MATCHERS, MatchResult, Mismatch, make_eop
 from ollie.program.kernel import Kernel, as_int
+from ollie.program.params import ConvParams, EOpParams, G2BMMParams, GBMMParams, MatmulParams
 
 # A rough machine model, only used to order options before they are measured.
 PEAK_FLOPS = 50e9
@@ -39,27 +40,22 @@ class Option:
 
 def kernel_cost(k: Kernel) -> float:
     """Estimated seconds of library or eOperator kernel ``k`` (one with an expression)."""
-    if k.kind == "eOp":
-        return EOP_SLOWDOWN * as_int(k.params.get("bytes", 0)) / BANDWIDTH
-
-    def p(key: str, fallback: str | None = None) -> int:
-        """Integer parameter ``key``, or parameter ``fallback`` where ``key`` is absent."""
-        params = k.params
-        return as_int(params[key] if fallback is None or key in params else params[fallback])
-
+    p = k.params
+    if isinstance(p, EOpParams):
+        return EOP_SLOWDOWN * as_int(p.bytes or 0) / BANDWIDTH
     flops = 0.0
-    if k.kind == "Matmul":
-        flops = 2.0 * p("b") * p("m") * p("n") * p("k")
-    elif k.kind == "Conv":
-        oh = max(1, (p("h") + p("ph") + p("ph_end", "ph") - p("dh") * (p("r") - 1) - 1)
-                 // p("sh") + 1)
-        ow = max(1, (p("w") + p("pw") + p("pw_end", "pw") - p("dw") * (p("s") - 1) - 1)
-                 // p("sw") + 1)
-        flops = 2.0 * p("n") * p("f") * oh * ow * p("c") * p("r") * p("s")
-    elif k.kind == "G2BMM":
-        flops = 2.0 * p("b") * p("m") * (2 * p("w") + 1) * p("k")
-    elif k.kind == "GBMM":
-        flops = 2.0 * p("b") * p("m") * (2 * p("w") + 1) * p("n")
+    if isinstance(p, MatmulParams):
+        flops = 2.0 * p.b * p.m * p.n * p.k
+    elif isinstance(p, ConvParams):
+        ph_end = p.ph if p.ph_end is None else p.ph_end
+        pw_end = p.pw if p.pw_end is None else p.pw_end
+        oh = max(1, (p.h + p.ph + ph_end - p.dh * (p.r - 1) - 1) // p.sh + 1)
+        ow = max(1, (p.w + p.pw + pw_end - p.dw * (p.s - 1) - 1) // p.sw + 1)
+        flops = 2.0 * p.n * p.f * oh * ow * p.c * p.r * p.s
+    elif isinstance(p, G2BMMParams):
+        flops = 2.0 * p.b * p.m * (2 * p.w + 1) * p.k
+    elif isinstance(p, GBMMParams):
+        flops = 2.0 * p.b * p.m * (2 * p.w + 1) * p.n
     elems = 0
     assert k.expr is not None, "library and eOperator kernels carry their expression"
     for shape in k.expr.inputs.values():
@@ -133,13 +129,14 @@ class Instantiator:
         name = self.name_for(flat, decls)
         results = {t: MATCHERS[t](flat, decls, name) for t in self.targets}
         eop = make_eop(flat, decls, name)
+        assert isinstance(eop.params, EOpParams)
         sources = {o.output: s for o, s in zip(children, _nested(scope), strict=True)}
         self.infos.setdefault(scope, ScopeInfo(flat, decls, results,
-                                               str(eop.params.get("bound")), sources))
+                                               str(eop.params.bound), sources))
         own: list[tuple[tuple[Kernel, ...], str]] = [
             (res.kernels, "operator_matching") for res in results.values()
             if isinstance(res, MatchResult)]
-        if eop.params.get("bound") == "memory":
+        if eop.params.bound == "memory":
             own.append(((eop,), "eoperator_generation"))
         return [Option(child_kernels + kernels, name,
                        child_cost + sum(kernel_cost(k) for k in kernels), (*child_rules, rule))

@@ -44,7 +44,7 @@ def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
         n = repeats
         if first > 0 and first * repeats > max_seconds:
             n = max(3, int(max_seconds / first))
-        times = []
+        times: list[float] = []
         start = clock()
         while len(times) < n or clock() - start < min_seconds:
             t = clock()
@@ -159,6 +159,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
         times: dict[str, list[float]] = {name: [] for name in fns}
         order = list(fns)
         if warm:
+            assert hopeless is not None  # (only then are the warm calls timed)
             fastest = min(warm.values())
             for name, per in warm.items():
                 if per > hopeless * fastest:

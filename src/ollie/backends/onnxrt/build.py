@@ -17,6 +17,7 @@ from ollie.backends.onnxrt.views import out_node
 from ollie.graph.execute import pad4, pair
 from ollie.libs.tensors import kernel_input
 from ollie.program.kernel import Kernel, View
+from ollie.program.params import ConvParams, KernelKind, MatmulParams, NodeParams
 
 ACT = {n: a.onnx for n, a in ACTIVATIONS.items()}
 """Fused activations (:data:`ollie.activations.ACTIVATIONS`) and their ONNX operators."""
@@ -78,7 +79,7 @@ class Builder:
     def epilogue(self, y: str, k: Kernel, residual: str | None) -> str:
         if residual is not None:
             y = self.node("Add", [y, residual], "sum")
-        act = k.params.get("activation")
+        act = k.params.activation
         return self.node(ACT[str(act)], [y], "act") if act else y
 
     def add(self, k: Kernel, original: Sequence[str] = ()) -> str:
@@ -86,14 +87,15 @@ class Builder:
         their program names, which an eOperator's expression declares); returns the name of
         its (natural-shape) result."""
         p = k.params
-        if k.kind == "Conv":
+        if k.kind is KernelKind.CONV:
             return self._conv_kernel(k)
-        if k.kind in ("eOp", "Matmul"):
+        if k.kind in (KernelKind.EOP, KernelKind.MATMUL):
             return self._expr_kernel(k, original or k.inputs)
-        node = p["node"]
-        op, attrs = node.op, dict(node.attrs)  # type: ignore[attr-defined]
+        assert isinstance(p, NodeParams)
+        node = p.node
+        op, attrs = node.op, dict(node.attrs)
         ins = [self.const(n) if n in self.constants else n for n in k.inputs]
-        residual = ins.pop() if p.get("residual") else None
+        residual = ins.pop() if p.residual else None
         if op in CONVS:
             w = self.inits[ins[1]]
             kw: dict[str, object] = dict(
@@ -153,7 +155,8 @@ class Builder:
             else:
                 ins.append(self.reshape(o, self.shapes[o][-2:]) if flat else o)
         y = out_node(self, "MatMul", ins, (a[-2], w[-1]) if flat else shape, "matmul")
-        alpha = float(k.params.get("alpha", 1.0))  # type: ignore[arg-type]
+        assert isinstance(k.params, MatmulParams)
+        alpha = float(k.params.alpha)
         if alpha != 1.0:
             y = out_node(self, "Mul", [y, self.const("alpha", np.asarray(alpha, np.float32))],
                          self.shapes[y], "scaled")
@@ -167,7 +170,7 @@ class Builder:
 
         assert k.expr is not None
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
-        if k.kind == "Matmul":
+        if k.kind is KernelKind.MATMUL:
             return self._matmul(k, views)
         ins = [view_read(self, self.const(n) if n in self.constants else n, v)
                for n, v in zip(k.inputs, views, strict=True)]
@@ -177,29 +180,30 @@ class Builder:
 
     def _conv_kernel(self, k: Kernel) -> str:
         p = k.params
-        n, c, h, w, f = (int(p[a]) for a in ("n", "c", "h", "w", "f"))
+        assert isinstance(p, ConvParams)
+        n, c, h, w, f = int(p.n), int(p.c), int(p.h), int(p.w), int(p.f)
         x = self.reshape(k.inputs[0], (n, c, h, w))
         weight = kernel_input(k, 1, self.constants).detach().float()
-        alpha = float(p.get("alpha", 1.0))
+        alpha = float(p.alpha)
         if alpha != 1.0:
             weight = weight * alpha
-        names = [x, self.const("weight", weight.reshape(f, c, int(p["r"]), int(p["s"]))
+        names = [x, self.const("weight", weight.reshape(f, c, int(p.r), int(p.s))
                                .contiguous().numpy())]
-        biases = list(k.inputs[2:2 + int(p.get("bias") or 0)])  # type: ignore[call-overload]
+        biases = list(k.inputs[2:2 + int(p.bias or 0)])
         if biases:
             bias = sum(np.asarray(self.constants[b], dtype=np.float32).reshape(-1)
                        for b in biases)
             names.append(self.const("bias", np.asarray(bias, dtype=np.float32)))
-        pads = [int(p["ph"]), int(p["pw"]), int(p.get("ph_end", p["ph"])),
-                int(p.get("pw_end", p["pw"]))]
-        y = self.node("Conv", names, "conv", strides=[int(p["sh"]), int(p["sw"])], pads=pads,
-                      dilations=[int(p["dh"]), int(p["dw"])], group=1,
-                      kernel_shape=[int(p["r"]), int(p["s"])])
-        ho = (h + pads[0] + pads[2] - int(p["dh"]) * (int(p["r"]) - 1) - 1) // int(p["sh"]) + 1
-        wo = (w + pads[1] + pads[3] - int(p["dw"]) * (int(p["s"]) - 1) - 1) // int(p["sw"]) + 1
+        pads = [int(p.ph), int(p.pw), int(p.ph if p.ph_end is None else p.ph_end),
+                int(p.pw if p.pw_end is None else p.pw_end)]
+        y = self.node("Conv", names, "conv", strides=[int(p.sh), int(p.sw)], pads=pads,
+                      dilations=[int(p.dh), int(p.dw)], group=1,
+                      kernel_shape=[int(p.r), int(p.s)])
+        ho = (h + pads[0] + pads[2] - int(p.dh) * (int(p.r) - 1) - 1) // int(p.sh) + 1
+        wo = (w + pads[1] + pads[3] - int(p.dw) * (int(p.s) - 1) - 1) // int(p.sw) + 1
         natural = (n, f, ho, wo)
         self.shapes[y] = natural
-        residual = k.inputs[-1] if p.get("residual") else None
+        residual = k.inputs[-1] if p.residual else None
         if residual is not None and residual in self.constants:
             residual = self.const(residual)
         if residual is not None:  # read in the convolution's NCHW shape

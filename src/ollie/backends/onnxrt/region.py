@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -50,7 +51,8 @@ from ollie.errors import ShapeError
 from ollie.graph import COMPUTE_OPS
 from ollie.ir import Expr
 from ollie.libs.tensors import flat_identity
-from ollie.program.kernel import Kernel
+from ollie.program.kernel import Kernel, View
+from ollie.program.params import ConvParams, EOpParams, KernelKind, NodeParams
 from ollie.program.program import Program
 
 log = logging.getLogger(__name__)
@@ -80,39 +82,38 @@ MIN_KERNELS = 2
 :func:`ollie.exec.conv.best_conv` already)."""
 
 
-def _flat(view: object, numel: int) -> bool:
-    return view is None or flat_identity(view, numel)  # type: ignore[arg-type]
+def _flat(view: View | None, numel: int) -> bool:
+    return view is None or flat_identity(view, numel)
 
 
 def exportable(k: Kernel, constants: Mapping[str, object],
                shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether kernel ``k`` can be one step of an ONNX Runtime region."""
     p = k.params
-    act = p.get("activation")
+    act = p.activation
     if act and act not in _ACT:
         return False
-    if k.kind == "Node":
-        node = p["node"]
-        op = node.op  # type: ignore[attr-defined]
-        if len(node.outputs) != 1:  # type: ignore[attr-defined]
+    if isinstance(p, NodeParams):
+        op = p.node.op
+        if len(p.node.outputs) != 1:
             return False
-        ins = list(k.inputs[:-1] if p.get("residual") else k.inputs)
+        ins = list(k.inputs[:-1] if p.residual else k.inputs)
         if op in _CONVS:
             return len(ins) in (2, 3) and all(n in constants for n in ins[1:]) and \
                 ins[0] not in constants
-        if p.get("residual"):
+        if p.residual:
             return False
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op == "Flatten" and not act)
-    if k.kind in ("eOp", "Matmul"):
+    if k.kind in (KernelKind.EOP, KernelKind.MATMUL):
         return _expressible(k, constants, shapes)
-    if k.kind == "Conv":
-        biases = int(p.get("bias") or 0)  # type: ignore[call-overload]
+    if isinstance(p, ConvParams):
+        biases = int(p.bias or 0)
         if k.inputs[1] not in constants or k.inputs[0] in constants or \
                 any(b not in constants for b in k.inputs[2:2 + biases]):
             return False
-        if min(int(p.get(a, p[a.removesuffix("_end")]))  # type: ignore[call-overload]
-               for a in ("ph", "pw", "ph_end", "pw_end")) < 0:
+        ends = (p.ph if p.ph_end is None else p.ph_end, p.pw if p.pw_end is None else p.pw_end)
+        if min(int(a) for a in (p.ph, p.pw, *ends)) < 0:
             return False  # a crop: ONNX pads are non-negative
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
         return _flat(views[0], int(np.prod(shapes[k.inputs[0]]))) and \
@@ -132,11 +133,11 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
     from ollie.backends.onnxrt.views import MAX_ELEMENTS, view_gathers
     from ollie.ir.nodes import nested_scopes
 
-    if k.expr is None or (k.params.get("bound") == "compute" and k.kind != "eOp"):
+    if k.expr is None or (k.params.get("bound") == "compute" and k.kind is not KernelKind.EOP):
         return False
     if any(v is not None and math.prod(v.sizes) > MAX_ELEMENTS for v in k.views):
         return False
-    if k.kind == "Matmul":
+    if k.kind is KernelKind.MATMUL:
         # a gathered view of a computed operand would copy it element by element on every
         # run (a constant one is folded by ONNX Runtime when the session is built)
         views = list(k.views) + [None] * (len(k.inputs) - len(k.views))
@@ -146,7 +147,7 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
     root = k.expr.root
     return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
                for s in (root, *nested_scopes(root))) and \
-        _cheap(k.expr, k.params.get("bound") == "compute")
+        _cheap(k.expr, isinstance(k.params, EOpParams) and k.params.bound == "compute")
 
 
 def needs_gather(expr: Expr) -> bool:
@@ -186,7 +187,8 @@ def _cheap(expr: Expr, compute: bool = False) -> bool:
 
 
 def _is_conv(k: Kernel) -> bool:
-    return k.kind == "Conv" or (k.kind == "Node" and k.params.get("op") in _CONVS)
+    p = k.params
+    return k.kind is KernelKind.CONV or (isinstance(p, NodeParams) and p.op in _CONVS)
 
 
 def spans(prog: Program) -> list[tuple[int, int]]:
@@ -213,7 +215,7 @@ def mark_regions(prog: Program) -> Program | None:
     if not runs:
         return None
     region = {i: n for n, (a, b) in enumerate(runs) for i in range(a, b)}
-    kernels = [Kernel(k.kind, {**k.params, "region": region[i]}, k.inputs, k.output, k.expr,
+    kernels = [Kernel(k.kind, replace(k.params, region=region[i]), k.inputs, k.output, k.expr,
                       k.views, k.shape) if i in region else k
                for i, k in enumerate(prog.kernels)]
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
@@ -224,7 +226,7 @@ def groups(prog: Program) -> list[tuple[int, int]]:
     same ``params["region"]``."""
     out: list[tuple[int, int]] = []
     current, start = None, 0
-    marks = [k.params.get("region") for k in prog.kernels] + [None]
+    marks = [k.params.region for k in prog.kernels] + [None]
     for i, mark in enumerate(marks):
         if mark != current:
             if current is not None:
@@ -329,16 +331,17 @@ class _Binding:
         self.io, self.inputs, self.outputs = io, inputs, outputs
 
 
-COMPUTE_KINDS = ("Conv", "Matmul", "G2BMM", "GBMM")
+COMPUTE_KINDS = (KernelKind.CONV, KernelKind.MATMUL, KernelKind.G2BMM, KernelKind.GBMM)
 """Kernel kinds that run a library or banded compute operator."""
 
 
 def _compute(k: Kernel) -> bool:
+    p = k.params
     if k.kind in COMPUTE_KINDS:
         return True
-    if k.kind == "Node":
-        return k.params.get("op") in COMPUTE_OPS
-    return k.kind == "eOp" and k.params.get("bound") == "compute"
+    if isinstance(p, NodeParams):
+        return p.op in COMPUTE_OPS
+    return isinstance(p, EOpParams) and p.bound == "compute"
 
 
 def holds_all_compute(prog: Program, start: int, end: int) -> bool:
@@ -422,7 +425,7 @@ def _agrees(region: Region, prog: Program, start: int, end: int,
     ref = dict(env)
     with torch.inference_mode():
         for k in prog.kernels[start:end]:
-            plain = Kernel(k.kind, {p: v for p, v in k.params.items() if p != "region"},
+            plain = Kernel(k.kind, replace(k.params, region=None),
                            k.inputs, k.output, k.expr, k.views, k.shape)
             # without ``constants``: torch's plain operators, no library choice timed
             ref[k.output] = reference(plain)(ref, None)
