@@ -11,27 +11,28 @@ is, and the reason is logged once. Python's garbage collector is off during a ca
 collected object that holds another CUDA graph would reset it mid-capture and invalidate the
 capture.
 
-``OLLIE_CUDA_GRAPHS=0`` in the environment turns capture off everywhere (:func:`enabled`).
+The settings' ``cuda_graphs`` (:mod:`ollie.settings`; ``OLLIE_CUDA_GRAPHS=0`` in the
+environment) turns capture off everywhere (:func:`enabled`).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import torch
+
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def enabled() -> bool:
-    """Whether CUDA graph capture is on (``OLLIE_CUDA_GRAPHS`` is not 0/false/no/off)."""
-    return os.environ.get("OLLIE_CUDA_GRAPHS", "1").strip().lower() not in (
-        "0", "false", "no", "off")
+    """Whether CUDA graph capture is on (the current settings' ``cuda_graphs``)."""
+    return current().cuda_graphs
 
 
 class Graphed(Generic[T]):
