@@ -1,7 +1,7 @@
 """Ollie's settings (ollie.settings): read from the environment once, changed for a block by
 ``using`` and restored after, seen only by the context that changed them, and followed by
 every reader (cache directory, compiling ahead, CUDA graphs, Triton's interpreter, clocks,
-the settle's sleep, the collector while timing or searching)."""
+the settle's sleep, the collector while timing; while searching: tests/test_caches.py)."""
 
 from __future__ import annotations
 
@@ -132,18 +132,6 @@ def test_the_collector_while_timing_follows_the_settings():
     assert gc.isenabled()
     with using(pause_gc_while_timing=False), gc_paused():
         assert gc.isenabled()
-
-
-def test_the_search_scope_defers_full_collections_only_when_asked():
-    from ollie.caches import DEFERRED_FULL_COLLECTIONS, search_scope
-
-    before = gc.get_threshold()
-    with search_scope():
-        assert gc.get_threshold()[2] >= DEFERRED_FULL_COLLECTIONS
-    assert gc.get_threshold() == before
-    with using(defer_full_collections=False), search_scope():
-        assert gc.get_threshold() == before
-    assert gc.get_threshold() == before
 
 
 def test_a_search_reads_the_settings_clock():
