@@ -1,5 +1,5 @@
 """Test-suite wide settings: GPU tests skip without CUDA; hypothesis profiles; the
-``cpu_hog`` fixture and the ``timing`` marker.
+``cpu_hog`` fixture and the ``timing`` marker; the ``ollie_settings`` fixture.
 
 Hypothesis profile "ci" (deterministic, 50 examples, no deadline) is the default;
 set ``HYPOTHESIS_PROFILE=dev`` for 200 examples per property.
@@ -8,19 +8,27 @@ No test may assert what a wall clock allows: a test of a time budget or a measur
 a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests are marked
 ``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
 every ``make test`` that their outcome does not depend on how busy the machine is.
+
+A test that needs other settings of Ollie (a cache directory of its own, compiling ahead off,
+Triton's interpreter, a clock or a sleep that only records) changes them with
+:func:`ollie.settings.using` or the :func:`ollie_settings` fixture, never through the
+environment or a module's globals: the settings are read from the environment once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from ollie.settings import Settings, using
 
 CPU_HOG = Path(__file__).resolve().parent.parent / "tools" / "cpu_hog.py"
 
@@ -81,3 +89,12 @@ def _timing_under_load(request: pytest.FixtureRequest) -> None:
     """Tests marked ``timing`` get :func:`cpu_hog`."""
     if request.node.get_closest_marker("timing") is not None:
         request.getfixturevalue("cpu_hog")
+
+
+@pytest.fixture
+def ollie_settings() -> Iterator[Callable[..., Settings]]:
+    """``ollie_settings(**changes)``: Ollie's settings changed for the rest of the test
+    (:func:`ollie.settings.using`; fields of :class:`ollie.settings.Settings`), restored when
+    it ends; returns the settings in effect."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(using(**changes))

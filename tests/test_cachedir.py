@@ -13,6 +13,7 @@ import ollie
 from ollie import cachedir
 from ollie.codegen import cpu
 from ollie.codegen.cpu import compile_cpu
+from ollie.settings import using
 from ollie.tune.cache import CostCache
 
 EXPR = "A: [6, 7]\nL<i=0:6, j=0:7> A[i, j] * 3.0 + 1.0"
@@ -27,45 +28,44 @@ def _fresh(monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
-def test_a_cache_directory_others_may_write_is_not_used(tmp_path, monkeypatch, caplog):
+def test_a_cache_directory_others_may_write_is_not_used(tmp_path, caplog):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    monkeypatch.setenv(cachedir.ENV, str(shared))
-    with caplog.at_level(logging.WARNING):
+    with using(cache_dir=shared), caplog.at_level(logging.WARNING):
         root = cachedir.cache_root()
-    assert root != shared and not str(root).startswith(str(shared))
-    assert str(shared) in caplog.text and "every user may write" in caplog.text
-    assert cachedir.cache_root() == root and caplog.text.count(str(shared)) == 1  # one warning
+        assert root != shared and not str(root).startswith(str(shared))
+        assert str(shared) in caplog.text and "every user may write" in caplog.text
+        assert cachedir.cache_root() == root and caplog.text.count(str(shared)) == 1  # once
 
 
-def test_a_cache_path_under_a_regular_file_falls_back(tmp_path, monkeypatch, caplog):
+def test_a_cache_path_under_a_regular_file_falls_back(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    monkeypatch.setenv(cachedir.ENV, str(blocker / "cache"))
-    with caplog.at_level(logging.WARNING):
-        root = cachedir.cache_root()
-    assert root.is_dir() and str(blocker) in caplog.text
-    e = ollie.parse(EXPR)
-    kernel = compile_cpu(e)  # the default cache directory: the fallback
+    with using(cache_dir=blocker / "cache"):
+        with caplog.at_level(logging.WARNING):
+            root = cachedir.cache_root()
+        assert root.is_dir() and str(blocker) in caplog.text
+        e = ollie.parse(EXPR)
+        kernel = compile_cpu(e)  # the default cache directory: the fallback
     a = np.ones((6, 7), np.float32)
     np.testing.assert_allclose(kernel({"A": a}), a * 4)
 
 
-def test_a_read_only_cache_directory_is_not_used(tmp_path, monkeypatch, caplog):
+def test_a_read_only_cache_directory_is_not_used(tmp_path, caplog):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    monkeypatch.setenv(cachedir.ENV, str(ro))
     try:
-        with caplog.at_level(logging.WARNING):
-            root = cachedir.cache_root()
-        if os.access(ro, os.W_OK):  # root may write anyway: then it is usable
-            assert root == ro
-        else:
-            assert root != ro and str(ro) in caplog.text
-        cache = CostCache()
-        cache.put("k", 3.0)
-        assert cache.get("k") == 3.0
+        with using(cache_dir=ro):
+            with caplog.at_level(logging.WARNING):
+                root = cachedir.cache_root()
+            if os.access(ro, os.W_OK):  # root may write anyway: then it is usable
+                assert root == ro
+            else:
+                assert root != ro and str(ro) in caplog.text
+            cache = CostCache()
+            cache.put("k", 3.0)
+            assert cache.get("k") == 3.0
     finally:
         ro.chmod(0o700)

@@ -4,15 +4,17 @@ Public entry points (API.md): :func:`parse`, :func:`format`, :func:`interpret`,
 :func:`fingerprint`, :func:`derive`, :func:`optimize`, :func:`load`, and the
 ``torch.compile(model, backend="ollie")`` backend.
 
-``import ollie`` is light: the expression language, fingerprints and the errors load at once;
-the search, the optimizer (and with it PyTorch) load on first use of the names that need them
-(``fingerprint`` is bound after its module is imported, so the submodule never shadows the
-function). The
-torch.compile backend is registered through the ``torch_dynamo_backends`` entry point of the
-installed package: torch finds ``"ollie"`` when a model is compiled with it, whether or not
-``ollie`` was imported, and importing ``ollie`` has no side effect on torch
-(:func:`ollie.optimizer.backend.register` registers it by hand, e.g. for a source tree that
-is not installed).
+:mod:`ollie.settings` (``ollie.settings.using(...)``) holds the process-wide settings: the cache
+directory, switches and clocks, read from the environment once.
+
+``import ollie`` is light: the expression language, fingerprints, the errors and the settings
+load at once; the search, the optimizer (and with it PyTorch) load on first use of the names
+that need them (``fingerprint`` is bound after its module is imported, so the submodule never
+shadows the function). The torch.compile backend is registered through the
+``torch_dynamo_backends`` entry point of the installed package: torch finds ``"ollie"`` when
+a model is compiled with it, whether or not ``ollie`` was imported, and importing ``ollie``
+has no side effect on torch (:func:`ollie.optimizer.backend.register` registers it by hand,
+e.g. for a source tree that is not installed).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ollie import settings
 from ollie.errors import (
     ConfigError,
     ExprError,
@@ -80,5 +83,6 @@ __all__ = [
     "load",
     "optimize",
     "parse",
+    "settings",
 ]
 __version__ = "0.1.0"

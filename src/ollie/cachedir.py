@@ -1,6 +1,7 @@
 """The cache directory: where Ollie keeps measurements, decisions and generated kernels.
 
-The directory is ``$OLLIE_CACHE_DIR``, else ``~/.cache/ollie`` (created private, mode 0700).
+The directory is the settings' (:attr:`ollie.settings.Settings.cache_dir`, from the environment
+unless changed), else ``~/.cache/ollie`` (created private, mode 0700).
 What lies there is trusted as Ollie's own work: generated kernel modules are imported (after
 their text is checked, :mod:`ollie.codegen.cache`) and numba loads its compiled code from
 their ``__pycache__``, as Python does ``.pyc`` files. So a directory is used only when it is
@@ -22,10 +23,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ollie.settings import CACHE_DIR_ENV, current
+
 log = logging.getLogger(__name__)
 
-ENV = "OLLIE_CACHE_DIR"
-"""The environment variable naming the cache directory."""
+ENV = CACHE_DIR_ENV
+"""The environment variable naming the cache directory (read by :mod:`ollie.settings`)."""
 
 _LOCK = threading.Lock()
 _CHECKED: dict[str, Path] = {}
@@ -33,9 +36,9 @@ _FALLBACK: list[Path] = []
 
 
 def configured_root() -> Path:
-    """``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie``, whether usable or not."""
-    env = os.environ.get(ENV)
-    return Path(env) if env else Path.home() / ".cache" / "ollie"
+    """The current settings' cache directory (``~/.cache/ollie`` by default), whether usable
+    or not."""
+    return current().cache_root
 
 
 def cache_root() -> Path:
@@ -99,8 +102,8 @@ def _fallback() -> Path:
 
 
 def forget() -> None:
-    """Forget which directories were checked (a test, or a changed ``$OLLIE_CACHE_DIR``
-    whose new directory should be checked again)."""
+    """Forget which directories were checked (a test, or a directory that changed and
+    should be checked again)."""
     with _LOCK:
         _CHECKED.clear()
 

@@ -10,8 +10,9 @@ automatic full collections would keep rescanning a growing heap. :func:`search_s
 every ``ollie.derive`` (so each subprogram's search inside ``ollie.optimize`` too): it defers
 automatic full collections (young generations are still collected) until the search returns,
 then restores the collector's thresholds and releases the caches. Only the outermost scope
-does this (a counter under a lock; nested scopes, also from other threads, are no-ops).
-``ollie.optimize`` releases the caches when it returns.
+does this (a counter under a lock; nested scopes, also from other threads, are no-ops), and
+only when the settings' ``defer_full_collections`` is on (:mod:`ollie.settings`; the caches
+are released either way). ``ollie.optimize`` releases the caches when it returns.
 
 Why, and why neither deferring through the whole ``ollie.optimize`` nor ``gc.freeze``
 (measured): docs/design/016-garbage-collector-and-memo-caches.md.
@@ -23,6 +24,8 @@ import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from ollie.settings import current
 
 # a full collection waits for this many collections of the middle generation (default 10)
 DEFERRED_FULL_COLLECTIONS = 1_000_000
@@ -48,15 +51,18 @@ def search_scope() -> Iterator[None]:
     with _lock:
         _depth += 1
         if _depth == 1:
-            _saved = gc.get_threshold()
-            gc.set_threshold(_saved[0], _saved[1], max(_saved[2], DEFERRED_FULL_COLLECTIONS))
+            _saved = gc.get_threshold() if current().defer_full_collections else ()
+            if _saved:
+                gc.set_threshold(_saved[0], _saved[1],
+                                 max(_saved[2], DEFERRED_FULL_COLLECTIONS))
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                gc.set_threshold(*_saved)
+                if _saved:
+                    gc.set_threshold(*_saved)
                 release_caches()
 
 

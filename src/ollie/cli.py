@@ -1,6 +1,7 @@
 """The ``ollie`` command line: argument parsing and dispatch to the subcommands.
 
-Only the CLI reads flags or the environment; the library takes explicit configuration.
+Only the CLI reads flags (and ``OLLIE_DEBUG``); the library takes explicit configuration and
+reads its environment variables once, into :mod:`ollie.settings`.
 Errors derived from `ollie.errors.OllieError` become a one-line message and exit status 2; any
 other error (a bug) a one-line message and exit status 1 (``OLLIE_DEBUG=1`` shows its
 traceback); an interrupt exit status 130.

@@ -1,8 +1,8 @@
 """Tests of the Triton (CUDA) eOperator generator, against the reference interpreter.
 
 Without a GPU the generated kernels run in Triton's CPU interpreter (``compile_cuda(...,
-interpret=True)``, which loads the kernels with ``TRITON_INTERPRET=1`` whatever the environment
-was when triton was imported), and the GPU variant of every kernel is built ahead of time down
+interpret=True)``, which loads the kernels with Triton's interpreter whatever
+``TRITON_INTERPRET`` says), and the GPU variant of every kernel is built ahead of time down
 to a cubin for sm_80 (Triton bundles ptxas; no GPU needed), which catches what the interpreter
 forgives (constexpr and typing rules of the real compiler). These tests skip when triton is not
 installed. Tests marked ``gpu`` run the same cases compiled for CUDA on a GPU, autotuned and
@@ -13,6 +13,7 @@ check. Source-text tests need no triton.
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import numpy as np
@@ -27,6 +28,7 @@ from ollie.codegen.cuda import clear_cache, compile_cuda, triton_source
 from ollie.codegen.cuda_plan import AUTOTUNE_CONFIGS, autotune_configs
 from ollie.errors import ShapeError, UnsupportedError
 from ollie.semantics import random_inputs
+from ollie.settings import using
 from ollie.testing.strategies import exprs, inputs_with_specials, padded_products
 
 
@@ -223,12 +225,37 @@ def test_gpu_kernel_refuses_cpu_tensors(cache_dir):
 
 
 @needs_triton
-def test_cache_dir_from_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
-    kernel = compile_cuda("A: [3]\nL<i=0:3> A[2 - i] * 3", interpret=True)
+def test_cache_dir_from_the_settings(tmp_path):
+    with using(cache_dir=tmp_path):
+        kernel = compile_cuda("A: [3]\nL<i=0:3> A[2 - i] * 3", interpret=True)
     assert kernel.path.parent == tmp_path / "kernels"  # as the CPU kernels
     np.testing.assert_allclose(kernel({"A": torch.tensor([1.0, 2.0, 3.0])}).numpy(),
                                [9.0, 6.0, 3.0])
+
+
+@needs_triton
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_the_mode_asked_for_whatever_triton_interpret_says(monkeypatch, tmp_path, env):
+    """``triton.jit`` follows ``TRITON_INTERPRET``; the kernels follow ``interpret`` (or the
+    settings), and loading them leaves the environment as it was."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if env is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", env)
+    scale = {None: 2, "0": 3, "1": 5}[env]  # a module of its own, loaded under this env
+    text = f"A: [4]\nL<i=0:4> A[3 - i] * {scale}.0 + 1"
+    for interpret, kind in ((True, InterpretedFunction), (False, JITFunction)):
+        kernel = compile_cuda(text, interpret=interpret, cache_dir=tmp_path)
+        assert kernel.interpret is interpret
+        for f in kernel.functions:  # an autotuner launches its .fn
+            assert isinstance(f if isinstance(f, kind) else f.fn, kind)
+        assert os.environ.get("TRITON_INTERPRET") == env
+    with using(cuda_interpret=True):
+        got = compile_cuda(text, cache_dir=tmp_path)({"A": torch.arange(4.0)})
+    np.testing.assert_allclose(got.numpy(), [3.0 * scale + 1, 2.0 * scale + 1, scale + 1, 1])
 
 
 def test_compile_without_triton_raises(monkeypatch, tmp_path):

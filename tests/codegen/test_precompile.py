@@ -16,6 +16,7 @@ from ollie.exec.executor import CompiledProgram
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program
 from ollie.semantics import random_inputs
+from ollie.settings import from_environ, using
 
 SCATTER = """
     Y: [2, 5, 4, 3, 4, 4]
@@ -31,9 +32,10 @@ GATHER = """
 
 
 @pytest.fixture(autouse=True)
-def _enabled(monkeypatch):
+def _enabled():
     """Compiling ahead on, whatever the environment running the tests says."""
-    monkeypatch.delenv("OLLIE_PRECOMPILE", raising=False)
+    with using(precompile=True):
+        yield
 
 
 def _loaded_from_cache(kernel) -> bool:
@@ -86,9 +88,10 @@ def test_a_staged_form_whose_code_does_not_load_is_compiled_here(tmp_path, caplo
         _agrees(compile_cpu(e, cache_dir=tmp_path), e, seed)
 
 
-def test_turned_off_by_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("OLLIE_PRECOMPILE", "0")
-    assert pre.precompile([ollie.parse(SCATTER), ollie.parse(GATHER)], cache_dir=tmp_path) == 0
+def test_turned_off_by_the_environment(tmp_path):
+    with using(from_environ({"OLLIE_PRECOMPILE": "0"})):
+        assert pre.precompile([ollie.parse(SCATTER), ollie.parse(GATHER)],
+                              cache_dir=tmp_path) == 0
     assert not (tmp_path / pre.STAGED).exists()
 
 

@@ -13,6 +13,7 @@ from ollie.codegen import compile_eop
 from ollie.exec.dispatch import CUDA_CONFIGS, pin_cuda_configs
 from ollie.optimizer.report import unpinned_kernels
 from ollie.program.program import Program
+from ollie.settings import using
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 cuda = pytest.importorskip("ollie.codegen.cuda")
@@ -23,11 +24,11 @@ L<i=0:6, j=0:5> Sum<k=-1:6> { L<a=0:6, b=-1:5> Sum<c=0:2> A[a, b + c] }[i, k] * 
 """
 
 @pytest.fixture(autouse=True)
-def _compiled_mode(monkeypatch):
+def _compiled_mode():
     """The kernels as built for a GPU (loading them needs none), not Triton's interpreter;
     the in-process kernels, whose autotuners these tests mark, are forgotten after each."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    yield
+    with using(cuda_interpret=False):
+        yield
     cuda.clear_cache()
 
 
@@ -55,11 +56,11 @@ def test_bad_configs_are_refused(kw, match):
         cuda.compile_cuda(TWO_STAGES, interpret=False, **kw)
 
 
-def test_interpreter_refuses_configs_and_compile_eop_ignores_pinned_ones(monkeypatch):
+def test_interpreter_refuses_configs_and_compile_eop_ignores_pinned_ones():
     with pytest.raises(ValueError, match="interpret=True"):
         cuda.compile_cuda(TWO_STAGES, interpret=True, configs=[(128, 2), (128, 2)])
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    k = compile_eop(TWO_STAGES, "cuda", cuda_configs=[[128, 2], [128, 2]])
+    with using(cuda_interpret=True):
+        k = compile_eop(TWO_STAGES, "cuda", cuda_configs=[[128, 2], [128, 2]])
     assert k.interpret and k.configs is None  # the interpreter has one block size of its own
 
 
@@ -114,7 +115,7 @@ class _Generator(nn.Module):
         return torch.tanh(self.conv(torch.relu(self.up(x))) + 1.0)
 
 
-def test_optimized_program_runs_through_the_cuda_backend_in_the_interpreter(monkeypatch):
+def test_optimized_program_runs_through_the_cuda_backend_in_the_interpreter():
     """The whole model fused into generated code, its 0-d constant (``+ 1.0``) declared
     ``[1]`` in the expression: the CUDA kernels read it as that reshape, as the CPU code reads
     every tensor flat (they refused it, so on a GPU such a program fell back to the original
@@ -128,8 +129,8 @@ def test_optimized_program_runs_through_the_cuda_backend_in_the_interpreter(monk
                          settle=0.0, choose_libraries=False, context=False)
     assert any(k.kind == "eOp" for k in opt.program.kernels), opt.summary()
     assert any(v.ndim == 0 for v in opt.program.constants.values())
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    got = CompiledProgram(opt.program, "cpu", backend="cuda").run({"x": x})
+    with using(cuda_interpret=True):
+        got = CompiledProgram(opt.program, "cpu", backend="cuda").run({"x": x})
     with torch.no_grad():
         torch.testing.assert_close(got[opt.program.outputs[0]], m(x), rtol=1e-4, atol=1e-5)
 

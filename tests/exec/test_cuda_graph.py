@@ -10,16 +10,17 @@ import torch
 import ollie
 from ollie.exec import cuda_graph
 from ollie.exec.executor import CompiledProgram
+from ollie.settings import from_environ, using
 
 
-def test_enabled_follows_the_environment(monkeypatch):
-    monkeypatch.delenv("OLLIE_CUDA_GRAPHS", raising=False)
-    assert cuda_graph.enabled()
+def test_enabled_follows_the_environment():
+    with using(from_environ({})):
+        assert cuda_graph.enabled()
     for off in ("0", "false", "No", " off "):
-        monkeypatch.setenv("OLLIE_CUDA_GRAPHS", off)
-        assert not cuda_graph.enabled()
-    monkeypatch.setenv("OLLIE_CUDA_GRAPHS", "1")
-    assert cuda_graph.enabled()
+        with using(from_environ({"OLLIE_CUDA_GRAPHS": off})):
+            assert not cuda_graph.enabled()
+    with using(from_environ({"OLLIE_CUDA_GRAPHS": "1"})):
+        assert cuda_graph.enabled()
 
 
 def test_cpu_programs_never_capture(matmul_program):

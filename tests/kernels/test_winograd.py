@@ -423,15 +423,15 @@ def _check_relu_conv(conv, x: torch.Tensor, want: torch.Tensor, b: torch.Tensor,
 
 
 @needs_onednn
-def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, monkeypatch):
+def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, monkeypatch,
+                                                                     ollie_settings):
     """``winograd_codegen.precompile`` compiles a convolution's transform modules in worker
     processes, for an NCHW input read in place and a channels-last one; this process then
     loads numba's code for both instead of compiling it, and the convolution built on them
     agrees with ``F.conv2d``."""
     from ollie.kernels import winograd_codegen as wc
 
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("OLLIE_PRECOMPILE", raising=False)
+    ollie_settings(cache_dir=tmp_path, precompile=True)
     monkeypatch.setattr(wc, "_MODULES", {})
     monkeypatch.setattr(choice, "SHARED", choice.Choices())
     specs = [("in", 4, 3, 12), ("out", 4, 3, 12)]

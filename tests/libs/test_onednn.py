@@ -193,22 +193,17 @@ def test_fuse_activations_on_a_conv_kernel_keeps_the_expression_exact():
     assert isinstance(k, Kernel) and k.without_activation().params.get("activation") is None
 
 
-def _fake_timing(monkeypatch) -> FakeClock:
+def _fake_timing(ollie_settings) -> FakeClock:
     """The measurements (``measure_alternating``) read a fake clock, returned: a function
     takes the time it advances the clock by."""
-    import functools
-    import importlib
-
-    measure = importlib.import_module("ollie.tune.measure")  # the package exports a function
     clock = FakeClock()
-    monkeypatch.setattr(measure, "measure_alternating",
-                        functools.partial(measure.measure_alternating, clock=clock))
+    ollie_settings(measure_clock=clock)
     return clock
 
 
 @pytest.mark.timing
-def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it(monkeypatch):
-    clock = _fake_timing(monkeypatch)
+def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it(ollie_settings):
+    clock = _fake_timing(ollie_settings)
 
     def slow(x):
         clock.advance(2.0 ** -9)
@@ -274,8 +269,8 @@ def _recording(built: list[str]):
 
 
 @pytest.mark.timing
-def test_fastest_of_builds_only_the_remembered_choice(monkeypatch):
-    clock = _fake_timing(monkeypatch)
+def test_fastest_of_builds_only_the_remembered_choice(ollie_settings):
+    clock = _fake_timing(ollie_settings)
     built: list[str] = []
     builder = _recording(built)
 

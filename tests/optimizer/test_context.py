@@ -4,8 +4,6 @@ and caches the choice."""
 
 from __future__ import annotations
 
-import functools
-import importlib
 from dataclasses import replace
 
 import pytest
@@ -18,7 +16,6 @@ from ollie.optimizer import context
 from ollie.optimizer.context import Group, refine
 from ollie.optimizer.final import ORIGINAL
 from ollie.program.program import Program
-from ollie.search import SearchConfig
 from ollie.testing.clock import FakeClock, stopped_clock
 from ollie.testing.programs import original_program
 
@@ -26,7 +23,7 @@ UNIT = 2.0 ** -9
 """Seconds a switch adds or saves in the timed programs below, on a fake clock."""
 
 
-def _setup(monkeypatch):
+def _setup(monkeypatch, ollie_settings):
     """A two-convolution program; ``assemble(on)`` marks the groups in ``on`` on its first
     kernel; a call of the program (as the comparisons time it) takes time according to the
     marks (``slow``: +2 units, ``fast``: -1 unit, from 2 units), and its run (as the variants
@@ -34,9 +31,7 @@ def _setup(monkeypatch):
     comparisons (``measure_alternating``) read: what they measure depends on the marks
     alone."""
     clock = FakeClock()
-    measure = importlib.import_module("ollie.tune.measure")  # the package exports a function
-    monkeypatch.setattr(measure, "measure_alternating",
-                        functools.partial(measure.measure_alternating, clock=clock))
+    ollie_settings(measure_clock=clock)
     torch.manual_seed(5)
     m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
                       nn.Conv2d(8, 3, 3, padding=1)).eval()
@@ -72,8 +67,8 @@ def _groups(*keys: str) -> list[Group]:
 
 
 @pytest.mark.timing
-def test_switches_that_help_in_the_program_are_kept_together(monkeypatch):
-    assemble, feeds, want = _setup(monkeypatch)
+def test_switches_that_help_in_the_program_are_kept_together(monkeypatch, ollie_settings):
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     groups = _groups("slow", "fast", "neutral")
     out = refine(assemble, groups, frozenset({"slow", "neutral"}), "per operator", feeds,
                  want, 1e-3)
@@ -84,8 +79,8 @@ def test_switches_that_help_in_the_program_are_kept_together(monkeypatch):
 
 
 @pytest.mark.timing
-def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch):
-    assemble, feeds, want = _setup(monkeypatch)
+def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch, ollie_settings):
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     # "wrong" doubles the outputs; its program is not even timed
     out = refine(assemble, _groups("wrong", "slow"), frozenset({"wrong", "slow"}),
                  "per operator", feeds, want, 1e-3)
@@ -97,18 +92,18 @@ def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch):
 
 
 @pytest.mark.timing
-def test_no_switch_within_the_margin(monkeypatch):
-    assemble, feeds, want = _setup(monkeypatch)
+def test_no_switch_within_the_margin(monkeypatch, ollie_settings):
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     out = refine(assemble, _groups("neutral"), frozenset({"neutral"}), "per operator", feeds,
                  want, 1e-3)
     assert out is not None and out.on == frozenset({"neutral"})
     assert out.note.startswith("program context: as chosen (")
 
 
-def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch):
+def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch, ollie_settings):
     """Scripted timings: the first comparison has switching "a" on 10% faster; a second
     comparison within the margin leaves the choice as it was, one that agrees keeps it."""
-    assemble, feeds, want = _setup(monkeypatch)
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     start, on = frozenset(), frozenset({"a"})
     for second, kept in ((0.99, start), (0.90, on)):
         answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
@@ -128,11 +123,11 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch)
         assert ("not confirmed" in out.note) == (kept == start)
 
 
-def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch):
+def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch, ollie_settings):
     """Scripted timings: "a" and "b" each measure within the margin ("b" 0.5% slower, within
     NOISE), "c" clearly slower; the second comparison times "a" (the best single) and "a"
     with "b" together, and keeps the pair when it wins by the margin."""
-    assemble, feeds, want = _setup(monkeypatch)
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     start = frozenset()
     a, b, c, ab = (frozenset(x) for x in ({"a"}, {"b"}, {"c"}, {"a", "b"}))
     answers = iter([{start: 1.0, a: 0.99, b: 1.005, c: 1.05}, {start: 1.0, a: 0.99, ab: 0.95}])
@@ -156,8 +151,8 @@ def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch):
     assert out is not None and out.on == start and len(calls) == 1
 
 
-def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch):
-    assemble, feeds, want = _setup(monkeypatch)
+def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatch, ollie_settings):
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     timed = []
     monkeypatch.setattr(context, "_time",
                         lambda choices, runner, spinning=(), rounds=0, settle=0.0:
@@ -172,11 +167,11 @@ def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatc
     assert out is None and timed  # timed again (the stub times nothing)
 
 
-def test_alternatives_of_one_subprogram_are_never_on_together(monkeypatch):
+def test_alternatives_of_one_subprogram_are_never_on_together(monkeypatch, ollie_settings):
     """Two alternatives of node "n" (its original won alone) and a rewrite of node "m": each
     switch measures faster; the second comparison times the best single switch and the
     compatible ones together (one alternative of "n", the faster), never both of "n"."""
-    assemble, feeds, want = _setup(monkeypatch)
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     groups = [Group("n1", ("n",), 0.0, "Matmul -> eOp"), Group("n2", ("n",), 0.0, "Conv -> eOp"),
               Group("m", ("m",), 1e-3)]
     start = frozenset({"m"})
@@ -221,8 +216,8 @@ def test_selection_offers_alternatives_only_when_the_original_won():
 
 
 @pytest.mark.timing
-def test_at_most_max_groups_switched_largest_saving_first(monkeypatch):
-    assemble, feeds, want = _setup(monkeypatch)
+def test_at_most_max_groups_switched_largest_saving_first(monkeypatch, ollie_settings):
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     monkeypatch.setattr(context, "MAX_GROUPS", 1)
     groups = [Group("fast", ("a",), 1e-6), Group("neutral", ("b",), 1e-3)]
     out = refine(assemble, groups, frozenset(), "per operator", feeds, want, 1e-3)
@@ -231,21 +226,18 @@ def test_at_most_max_groups_switched_largest_saving_first(monkeypatch):
     assert "+b" in out.note and "+a" not in out.note
 
 
-def _search_without_deadline(monkeypatch) -> None:
+def _search_without_deadline(ollie_settings) -> None:
     """``optimize``'s searches on a stopped clock: bounded by their depth and candidates alone,
     they find the same programs however busy the machine."""
-    from ollie.optimizer import model
-
-    monkeypatch.setattr(model, "SearchConfig", functools.partial(SearchConfig,
-                                                                 clock=stopped_clock))
+    ollie_settings(search_clock=stopped_clock)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
-def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
+def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path, ollie_settings):
     """``optimize`` switches rewrites in the program: the report of a subprogram switched off
     records its rewrite as not kept, the program runs exactly, and a second optimisation with
     the cache applies the choice without timing."""
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
+    ollie_settings(cache_dir=tmp_path)
     torch.manual_seed(3)
     # InfoGAN's first two layers: the first as a Matmul ran 2.2x faster alone (2-core VM)
     m = nn.Sequential(nn.ConvTranspose2d(228, 448, 2, bias=False), nn.ReLU(),
@@ -262,7 +254,7 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
         return context.Refined(frozenset(), prog, "program context: test")
 
     monkeypatch.setattr("ollie.optimizer.context.refine", all_off)
-    _search_without_deadline(monkeypatch)
+    _search_without_deadline(ollie_settings)
     # every subprogram with a verified candidate takes it (which one is faster alone is not
     # under test here): the context step has a switch for each
     from ollie.optimizer import select
@@ -291,15 +283,16 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path):
     assert seen["decided"] == frozenset()  # from the cache
 
 
-def test_an_alternative_switched_on_runs_and_is_reported(monkeypatch, tmp_path):
+def test_an_alternative_switched_on_runs_and_is_reported(monkeypatch, tmp_path,
+                                                          ollie_settings):
     """A subprogram whose original operator won alone offers its rewrite as an alternative
     (here every candidate is kept as one, and the original always wins alone); switched on
     by the context step, the program runs it, matches the model, and the report marks it kept
     for the whole program; the cached choice is applied again."""
     from ollie.optimizer import select
 
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path))
-    _search_without_deadline(monkeypatch)
+    ollie_settings(cache_dir=tmp_path)
+    _search_without_deadline(ollie_settings)
     alternatives = select.Selection.alternatives
     monkeypatch.setattr(select.Selection, "alternatives",
                         lambda self, within=float("inf"), limit=select.ALTERNATIVES:

@@ -113,14 +113,12 @@ def test_the_decision_is_stored_in_and_reused_from_the_cost_cache(tmp_path):
 
 
 @needs_onednn
-def test_the_settle_setting_reaches_the_comparison(monkeypatch):
+def test_the_settle_setting_reaches_the_comparison(ollie_settings):
     """``OptimizeConfig.settle``: the cores idle that long before the samples around a variant
     whose ONNX Runtime session spins; 0 never pauses."""
-    import time
-
     _, _, prog, feeds, want = _original_program()
     slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    ollie_settings(sleep=slept.append)
     _libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], None)
     assert slept == []
     _, decision = _libraries(prog, feeds, want, OptimizeConfig(settle=0.125), [], None)

@@ -286,14 +286,14 @@ def test_measure_alternating_lead_calls_run_untimed_before_each_sample():
     assert log == ["a", "b"] + ["p", "a", "a", "a", "p", "b", "b", "b"] * 2
 
 
-def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monkeypatch):
+def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(ollie_settings):
     """``settle``: the given idle time before every sample, ahead of its lead calls (so that
     threads the previous function left spinning are idle), not inside the timed region."""
     import importlib
 
     measure = importlib.import_module("ollie.tune.measure")
     log: list[str] = []
-    monkeypatch.setattr(measure.time, "sleep", lambda s: log.append(f"s{s:g}"))
+    ollie_settings(sleep=lambda s: log.append(f"s{s:g}"))
     measure.measure_alternating({"a": lambda: log.append("a"), "b": lambda: log.append("b")},
                                 rounds=2, warmup=1, shuffle=False, lead_calls=1, settle=0.2,
                                 clock=stopped_clock)
@@ -312,14 +312,15 @@ def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(monke
 
 
 @pytest.mark.timing
-def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_up(monkeypatch):
+def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_up(
+        ollie_settings):
     """``lead_seconds``: after a settle, untimed calls before the sample for at least that long,
     their count from the warm-up's time per call (a fake clock: each call takes ``UNIT``);
     a sample without a settle keeps ``lead_calls``."""
     import importlib
 
     measure = importlib.import_module("ollie.tune.measure")
-    monkeypatch.setattr(measure.time, "sleep", lambda s: None)
+    ollie_settings(sleep=lambda s: None)
     clock = FakeClock()
     log: list[str] = []
     measure.measure_alternating({f: clock.costing(UNIT, lambda f=f: log.append(f))

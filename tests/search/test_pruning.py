@@ -96,32 +96,3 @@ def test_a_spent_budget_stops_the_search_after_the_step_in_progress():
     # a clock that never reaches the budget: the same search goes on to other states
     more = ollie.derive(expr, max_depth=1, time_budget=3.0, clock=stopped_clock).stats
     assert more["states_visited"] > 1 and more["unpruned_states"] is not None, more
-
-
-def test_search_scope_defers_full_collections_and_releases_caches():
-    """During a search automatic full collections are deferred and the per-scope memo caches
-    fill; when it returns the collector's schedule is restored and the caches are dropped
-    (they would otherwise keep millions of IR objects alive in the user's process)."""
-    import gc
-    import importlib
-
-    fp = importlib.import_module("ollie.fingerprint")
-    zeros = importlib.import_module("ollie.rules.zeros")
-    caches = importlib.import_module("ollie.caches")
-    before = gc.get_threshold()
-    seen = {}
-
-    def probe(_stats: dict) -> None:
-        seen["cached"] = fp._scope_text.cache_info().currsize
-        seen["threshold"] = gc.get_threshold()
-
-    expr = ollie.parse(CASES["conv3x3"].small)
-    ollie.derive(expr, max_depth=2, time_budget=30.0, max_candidates=1, progress=probe,
-                 clock=stopped_clock)  # visits the same states however busy the machine
-    assert seen["cached"] > 0
-    assert seen["threshold"][:2] == before[:2]
-    assert seen["threshold"][2] == max(before[2], caches.DEFERRED_FULL_COLLECTIONS)
-    assert gc.get_threshold() == before
-    assert fp._scope_text.cache_info().currsize == 0
-    assert fp._used_names.cache_info().currsize == 0
-    assert zeros._nonzero.cache_info().currsize == 0

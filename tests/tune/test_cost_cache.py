@@ -101,8 +101,8 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
     return m, torch.randn(1, 3, 6, 6)
 
 
-def test_a_pickle_planted_in_a_cached_decision_never_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_pickle_planted_in_a_cached_decision_never_runs(tmp_path, ollie_settings):
+    ollie_settings(cache_dir=tmp_path / "cache")
     m, x = _model()
     ollie.optimize(m, (x,), **FAST)
     db = sqlite3.connect(tmp_path / "cache" / "costs.sqlite")
@@ -130,8 +130,8 @@ def test_a_pickle_planted_in_a_cached_decision_never_runs(tmp_path, monkeypatch)
         assert torch.allclose(prog(x), m(x), rtol=1e-4, atol=1e-5)
 
 
-def test_a_cached_decision_that_does_not_fit_is_searched_again(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("OLLIE_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_cached_decision_that_does_not_fit_is_searched_again(tmp_path, ollie_settings, caplog):
+    ollie_settings(cache_dir=tmp_path / "cache")
     m, x = _model()
     ollie.optimize(m, (x,), **FAST)
     db = sqlite3.connect(tmp_path / "cache" / "costs.sqlite")

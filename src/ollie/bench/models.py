@@ -52,7 +52,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import platform
 import statistics
 import tempfile
@@ -67,6 +66,7 @@ from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
 from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
+from ollie.settings import using
 from ollie.tune.measure import (
     SETTLE_SECONDS,
     SETTLED_LEAD_SECONDS,
@@ -341,7 +341,15 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["OLLIE_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-")
+    cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
+    with using(cache_dir=cache):
+        return _run_all(models, batches, budget, out, keep, threads, log, device, repeats)
+
+
+def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
+             keep: bool, threads: int | None, log: Callable, device: str,
+             repeats: int) -> int:
+    """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
     info["precision"] = fp32_everywhere(device)

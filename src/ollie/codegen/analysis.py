@@ -55,7 +55,7 @@ parallel loop cost 30-40 us with numba's workqueue layer (2 cores), the time of 
 points of a memory-bound body. With the omp layer (now preferred, see
 :data:`ollie.codegen.cpu.THREADING_LAYER_PRIORITY`) a launch costs 1.5 us back to back but
 about 50 us once the workers slept; 2**15 and 2**13 measured no better end to end (InfoGAN
-b1; docs/design/019-codegen-measurements.md), so the threshold stayed."""
+b1; docs/design/020-codegen-measurements.md), so the threshold stayed."""
 
 X_BLOCK_MIN = 256
 """Smallest block of the innermost loop when it is cut into blocks for the parallel loop."""

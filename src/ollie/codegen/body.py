@@ -43,7 +43,7 @@ absolute) from ``tanh`` on 4.2 million points in [-12, 12] and out to +-1e30; Na
 stays NaN (comparisons with NaN are false, so the clamp passes it through), +-inf gives +-1,
 -0.0 gives -0.0. Plain arithmetic and one division, so LLVM vectorises it: numba's
 ``np.tanh`` is a scalar libm call per element (measured:
-docs/design/019-codegen-measurements.md)."""
+docs/design/020-codegen-measurements.md)."""
 
 
 

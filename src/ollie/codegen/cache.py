@@ -19,9 +19,8 @@ freshly generated code and never imported. numba's compiled code in ``__pycache_
 as Python trusts ``.pyc`` files: the directory must be private to the user
 (:mod:`ollie.cachedir`).
 
-The cache directory is ``kernels`` under :func:`ollie.cachedir.cache_root`
-(``$OLLIE_CACHE_DIR`` or ``~/.cache/ollie``, when private and writable); callers may pass one
-explicitly.
+The cache directory is ``kernels`` under :func:`ollie.cachedir.cache_root` (the settings'
+directory, :mod:`ollie.settings`, when private and writable); callers may pass one explicitly.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ THREADING_LAYER_PRIORITY = ("omp", "tbb", "workqueue")
 (``NUMBA_THREADING_LAYER`` / ``NUMBA_THREADING_LAYER_PRIORITY`` unset) and no parallel numba
 code ran yet. ``omp`` first: its workers spin briefly after a parallel loop, so the next launch
 is cheap. Measured on the 2-core machine (numba 0.68;
-docs/design/019-codegen-measurements.md): an empty parallel loop costs 1.3-1.6 us back to
+docs/design/020-codegen-measurements.md): an empty parallel loop costs 1.3-1.6 us back to
 back and 47 us after 10 ms idle with ``omp``, 60-120 us in every case with
 ``workqueue`` (which wakes sleeping threads per launch); the [16,256,14,14] offset-add after a
 torch matmul 1.0-1.4 ms against 1.8-3.4 ms; InfoGAN b16 end to end 3-13% faster. (numba's

@@ -11,10 +11,14 @@ only when it holds exactly the generated source), imports it and returns a :clas
     y = kernel({"A": a, "B": b})          # float32 torch tensors on one device
 
 On a GPU every kernel is autotuned over ``BLOCK`` and ``num_warps`` (keyed on the output size).
-In Triton's interpreter mode (``interpret=True``, or ``TRITON_INTERPRET=1`` in the environment
-when ``interpret`` is None) the kernels run on CPU tensors with one fixed ``BLOCK`` and no
-autotuning; that is how the generated code is tested without a GPU. The mode is fixed when the
-module is loaded, whatever ``TRITON_INTERPRET`` was when triton itself was imported.
+In Triton's interpreter mode (``interpret=True``, or the settings' ``cuda_interpret`` when
+``interpret`` is None: :mod:`ollie.settings`, ``TRITON_INTERPRET=1`` in the environment) the
+kernels run on CPU tensors with one fixed ``BLOCK`` and no autotuning; that is how the
+generated code is tested without a GPU. The mode is fixed when the module is loaded:
+``triton.jit`` decides from ``TRITON_INTERPRET`` whether a function it decorates is
+interpreted, so a kernel it made for the other mode is made again, from the same Python
+function, for the mode asked for (:func:`_in_mode`); Ollie neither reads nor changes the
+environment for it.
 
 ``triton`` is imported only when a kernel is compiled; :func:`triton_source` needs no triton.
 """
@@ -36,6 +40,7 @@ from typing import Any
 from ollie.codegen.cuda_plan import OUT, Plan, Stage, plan_stages
 from ollie.errors import OllieError, ShapeError, UnsupportedError
 from ollie.ir import Expr, parse, tensor_names
+from ollie.settings import current
 
 __all__ = [
     "CompiledKernel", "clear_cache", "compile_cuda", "interpret_mode", "kernel_cache_dir",
@@ -55,8 +60,8 @@ _LOAD_LOCK = threading.Lock()
 
 
 def interpret_mode() -> bool:
-    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether the current settings ask for Triton's CPU interpreter (``cuda_interpret``)."""
+    return current().cuda_interpret
 
 
 def kernel_cache_dir() -> Path:
@@ -194,7 +199,7 @@ def compile_cuda(expr: Expr | str, *, interpret: bool | None = None,
                  configs: Sequence[Config] | None = None) -> CompiledKernel:
     """Generate, cache and load the Triton kernels of ``expr`` (an :class:`Expr` or its text).
 
-    ``interpret`` (default: from ``TRITON_INTERPRET``) selects Triton's CPU interpreter: one
+    ``interpret`` (default: the settings' ``cuda_interpret``) selects Triton's CPU interpreter: one
     fixed ``BLOCK``, no autotuning. ``config`` ``(BLOCK, num_warps)`` fixes every kernel's
     launch on the GPU instead of autotuning over
     :data:`~ollie.codegen.cuda_plan.AUTOTUNE_CONFIGS` (``BLOCK`` a power of two; the tests
@@ -283,6 +288,28 @@ def _write_source(expr: Expr, source: str, directory: Path) -> Path:
     return path
 
 
+def _in_mode(value: Any, interpret: bool) -> Any:
+    """``value`` (any global of a generated module) with a kernel ``triton.jit`` made for the
+    other mode made again for this one, as ``triton.jit`` makes it without arguments
+    (``InterpretedFunction`` or ``JITFunction`` of the same Python function); an autotuner
+    keeps its configurations and launches the kernel made again. Anything else as it is."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    kinds = (JITFunction, InterpretedFunction)
+    tuner = value if isinstance(value, Autotuner) else None
+    kernel = tuner.fn if tuner is not None else value
+    want = InterpretedFunction if interpret else JITFunction
+    if not isinstance(kernel, kinds) or isinstance(kernel, want):
+        return value
+    remade = want(kernel.fn)
+    if tuner is None:
+        return remade
+    tuner.fn = remade
+    return tuner
+
+
 def _load(path: Path, interpret: bool) -> Any:
     try:
         import triton  # noqa: F401
@@ -298,17 +325,12 @@ def _load(path: Path, interpret: bool) -> Any:
         raise OllieError(f"cannot import generated kernel source {path}")
     module = importlib.util.module_from_spec(spec)
     with _LOAD_LOCK:
-        # triton.jit decides at decoration time whether a function is interpreted.
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
         try:
             spec.loader.exec_module(module)
+            for attr, value in list(vars(module).items()):
+                if (made := _in_mode(value, interpret)) is not value:
+                    setattr(module, attr, made)
         except Exception as err:
             raise OllieError(f"generated kernel source {path} failed to load: {err}") from err
-        finally:
-            if saved is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = saved
         sys.modules[name] = module
     return module

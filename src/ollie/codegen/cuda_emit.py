@@ -229,7 +229,7 @@ class KernelWriter:
         comparison instead of two, and it avoids a miscompilation seen on an H100 with Triton
         3.6: ``x % 2 < 1`` for ``x % 2`` in ``[0, 1]`` gave wrong lanes with ``BLOCK=128,
         num_warps=2`` (the ``transposed_conv_stride_divmod`` case), ``== 0`` did not
-        (docs/design/019-codegen-measurements.md).
+        (docs/design/020-codegen-measurements.md).
         """
         e = e.simplify(self.ranges)
         blo, bhi = e.bounds(self.ranges)

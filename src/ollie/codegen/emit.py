@@ -54,7 +54,7 @@ target when the nests computing it are residue nests (strided writes: their loop
 vectorised, so the function would run one value at a time) with a float32 accumulator (the
 pass then computes exactly what the fused form does). The pass is one flat loop that LLVM
 vectorises. DCGAN b16's last selective add with tanh, [16,3,64,64] from NHWC taps
-(``benchmarks/selective_add.py``, 2 cores, warm, docs/design/019-codegen-measurements.md):
+(``benchmarks/selective_add.py``, 2 cores, warm, docs/design/020-codegen-measurements.md):
 0.310 ms fused against 0.146, bit-identical; in DCGAN b16's program 0.61-0.67 -> 0.29 ms."""
 
 POST_BLOCKS = 64

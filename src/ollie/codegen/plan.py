@@ -31,7 +31,7 @@ summation, the read indexed by its own traversal iterators, the temporary's rang
 output's: ``f({L<...> Sum<...> ...}[i, j])``, an activation after a selective add), is not a
 nest of its own: the nest computing the temporary writes the output, applying ``f`` to each
 value as it stores it (:func:`_forward`; one pass over the output less, measured:
-docs/design/019-codegen-measurements.md).
+docs/design/020-codegen-measurements.md).
 
 The nests come out in execution order; the last one writes the output.
 """

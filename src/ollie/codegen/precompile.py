@@ -21,7 +21,8 @@ compiles them for the signatures it is given, into the same cache.
 Compiling ahead changes nothing else: the module texts, the choice between forms (timed in
 the calling process) and the files left in the cache are those of compiling on first use. A
 worker that fails or times out, or staged code that does not load, only leaves its modules to
-be compiled on first use in the calling process. ``OLLIE_PRECOMPILE=0`` turns this off.
+be compiled on first use in the calling process. :attr:`ollie.settings.Settings.precompile`
+(``OLLIE_PRECOMPILE=0`` in the environment) turns this off.
 
 Why, with the measurements: docs/design/011-compiling-kernels-ahead.md.
 """
@@ -40,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ollie.ir import Expr
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,8 @@ Signatures = Mapping[Path, Sequence[tuple[str, str]]]
 
 
 def enabled() -> bool:
-    """Whether compiling ahead is on (``OLLIE_PRECOMPILE`` is not ``0``)."""
-    return os.environ.get("OLLIE_PRECOMPILE", "1") != "0"
+    """Whether compiling ahead is on (the current settings' ``precompile``)."""
+    return current().precompile
 
 
 def cores() -> int:

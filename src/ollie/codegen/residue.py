@@ -21,7 +21,7 @@ clamped and masked summation. Long quotient loops are split too (there used to b
 values per residue class, from a measurement made while a residue group whose nests each fell
 under :data:`~ollie.codegen.analysis.PARALLEL_MIN_POINTS` ran serially). With the residue
 nests in one parallel loop (``benchmarks/selective_add.py``, 2 cores,
-docs/design/019-codegen-measurements.md; results in
+docs/design/020-codegen-measurements.md; results in
 ``benchmarks/results/selective_add.md``), warm ms, clamped -> split:
 
 ====================  ==============  ==============

@@ -11,8 +11,8 @@ is, and the reason is logged once. Python's garbage collector is off during a ca
 collected object that holds another CUDA graph would reset it mid-capture and invalidate the
 capture.
 
-``OLLIE_CUDA_GRAPHS=0`` in the environment turns capture off everywhere (:func:`enabled`, from
-:mod:`ollie.tune.graphs`).
+The settings' ``cuda_graphs`` (:mod:`ollie.settings`; ``OLLIE_CUDA_GRAPHS=0`` in the
+environment) turns capture off everywhere (:func:`enabled`, from :mod:`ollie.tune.graphs`).
 """
 
 from __future__ import annotations

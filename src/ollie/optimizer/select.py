@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -153,7 +152,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
            samples: int = 512, margin: float = MARGIN, rounds: int = 15,
            max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset(),
-           library_variants: bool = False, clock: Clock = time.perf_counter) -> Selection:
+           library_variants: bool = False, clock: Clock | None = None) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
     ``inputs``) and up to ``limit`` verified candidates (each also with its products kept
     transposed, :func:`transposed_candidate`, where that applies); keep the fastest. Inputs named in
@@ -176,7 +175,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     (:meth:`ollie.tune.choice.Choices.fastest`).
 
     ``clock``: the time source of the measurement (:func:`~ollie.tune.measure.
-    measure_alternating`'s)."""
+    measure_alternating`'s; None: the current settings')."""
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +36,8 @@ class SearchConfig:
     kernel's output) is dropped without running: verification runs its eOperators at full
     size through the float64 interpreter (None: :func:`default_max_tensor_bytes`);
     ``clock``: the time source of the budget and of every time in the statistics (seconds from
-    an arbitrary origin, never decreasing; default :func:`time.perf_counter`). The search
+    an arbitrary origin, never decreasing; None: the settings' ``search_clock`` when the search
+    starts, :mod:`ollie.settings`, by default :func:`time.perf_counter`). The search
     reads it only where it checks the budget or records a time, so a fake clock (a test's:
     one that advances a fixed amount per reading, or never) makes where the search stops
     depend on the code alone.
@@ -62,7 +62,7 @@ class SearchConfig:
     target: Callable[[object], bool] | None = None
     stop_at_target: bool = False
     max_tensor_bytes: int | None = None
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         mtb = self.max_tensor_bytes

@@ -35,6 +35,7 @@ from ollie.search.candidate import (
 from ollie.search.config import SearchConfig, default_max_tensor_bytes
 from ollie.search.guided import guided_derive, normalize
 from ollie.search.instantiate import Instantiator, Option
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 VERIFY_SHARE = 0.2
@@ -81,7 +82,7 @@ class _Search:
         # derivation graph between distinct states (pruning on): state -> children states
         self.edges: dict[int, list[int]] = {}
         self.depth_reached = 0
-        self.clock = config.clock
+        self.clock = config.clock if config.clock is not None else current().search_clock
         self.start = self.clock()
         self.deadline = self.start + config.time_budget
         # the last part of the budget is kept for verifying the candidates found

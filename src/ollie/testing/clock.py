@@ -3,7 +3,9 @@ a measurement allows depends on the code alone, not on how fast or how busy the 
 
 They plug into every time source Ollie reads: :attr:`ollie.search.SearchConfig.clock`
 (``ollie.derive(..., clock=...)``), the ``clock=`` of :func:`ollie.tune.measure.measure`,
-:func:`ollie.tune.measure.measure_alternating` and :func:`ollie.optimizer.select.select`.
+:func:`ollie.tune.measure.measure_alternating` and :func:`ollie.optimizer.select.select`, and
+the settings' ``search_clock`` / ``measure_clock`` for every search or measurement that is not
+given one (``with ollie.settings.using(search_clock=stopped_clock): ...``).
 """
 
 from __future__ import annotations

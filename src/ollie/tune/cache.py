@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    """The cache directory (:func:`ollie.cachedir.cache_root`: ``$OLLIE_CACHE_DIR`` or
-    ``~/.cache/ollie`` when private and writable)."""
+    """The cache directory (:func:`ollie.cachedir.cache_root`: the settings' directory when
+    private and writable)."""
     return cache_root()
 
 

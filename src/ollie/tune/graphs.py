@@ -1,17 +1,17 @@
 """Whether programs on a CUDA device replay as captured CUDA graphs
-(:mod:`ollie.exec.cuda_graph`): the ``OLLIE_CUDA_GRAPHS`` switch, read when asked. It lives
-here, below the executor, because the device description of every measurement
-(:func:`ollie.tune.cache.device_key`) depends on it."""
+(:mod:`ollie.exec.cuda_graph`): the settings' ``cuda_graphs`` (:mod:`ollie.settings`;
+``OLLIE_CUDA_GRAPHS=0`` in the environment turns it off). It lives here, below the executor,
+because the device description of every measurement (:func:`ollie.tune.cache.device_key`)
+depends on it."""
 
 from __future__ import annotations
 
-import os
+from ollie.settings import current
 
 
 def enabled() -> bool:
-    """Whether CUDA graph capture is on (``OLLIE_CUDA_GRAPHS`` is not 0/false/no/off)."""
-    return os.environ.get("OLLIE_CUDA_GRAPHS", "1").strip().lower() not in (
-        "0", "false", "no", "off")
+    """Whether CUDA graph capture is on (the current settings' ``cuda_graphs``)."""
+    return current().cuda_graphs
 
 
 __all__ = ["enabled"]

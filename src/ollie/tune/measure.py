@@ -1,8 +1,10 @@
 """Timing on the target device: medians of repeated runs after warm-up (:func:`measure`),
 interleaved comparisons of several functions (:func:`measure_alternating`), the collector
 paused while timing (:func:`gc_paused`) and cold-cache timing (:func:`evict_caches`). Every
-time is read from an injectable clock (:data:`Clock`). Why this protocol, with the
-measurements behind its constants: docs/design/002-measurement-protocol.md."""
+time is read from an injectable clock (:data:`Clock`: the ``clock=`` argument, else the
+current settings' ``measure_clock``, :mod:`ollie.settings`), and every settle waits through
+the settings' ``sleep``. Why this protocol, with the measurements behind its constants:
+docs/design/002-measurement-protocol.md."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import gc
 import math
 import random
 import statistics
-import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from ollie.settings import Clock, current
 
 
 def _sync(device: str) -> None:
@@ -23,18 +26,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-Clock = Callable[[], float]
-"""A time source: seconds from an arbitrary origin, never decreasing (:func:`time.perf_counter`
-by default; tests inject a fake one)."""
-
-
 def measure(fn: Callable[[], object], device: str = "cpu", warmup: int = 2,
             repeats: int = 7, min_seconds: float = 0.0, max_seconds: float = 5.0,
-            clock: Clock = time.perf_counter) -> float:
+            clock: Clock | None = None) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs. Runs at least
     ``min_seconds`` in total (more repeats for very fast functions, at most 1000 runs) and at
     most about ``max_seconds`` (fewer repeats for slow ones, at least 3). Every time, the
-    samples and both limits, is read from ``clock``."""
+    samples and both limits, is read from ``clock`` (None: the current settings')."""
+    clock = clock if clock is not None else current().measure_clock
     with torch.inference_mode():
         t0 = clock()
         for _ in range(warmup):
@@ -77,7 +76,11 @@ def settled_lead(settle: float) -> float:
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (as ``timeit`` does), on again after
     if it was on. In an optimisation's large heap a collection triggered by a program's own
-    allocations takes a measurable share of a sample (docs/design/002-measurement-protocol.md)."""
+    allocations takes a measurable share of a sample (docs/design/002-measurement-protocol.md).
+    Does nothing when the current settings' ``pause_gc_while_timing`` is off."""
+    if not current().pause_gc_while_timing:
+        yield
+        return
     was = gc.isenabled()
     gc.disable()
     try:
@@ -94,7 +97,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                         lead_calls: int = 0, hopeless: float | None = None,
                         settle: float = 0.0, lead_seconds: float = 0.0,
                         settle_around: Collection[str] | None = None,
-                        clock: Clock = time.perf_counter) -> dict[str, float]:
+                        clock: Clock | None = None) -> dict[str, float]:
     """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
     so that a noisy machine affects all of them alike; ratios are then meaningful.
 
@@ -133,8 +136,11 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
     a torch function (OpenMP threads still busy-waiting, its own threads asleep) is slowed
     too (settling only after it misjudged a region: docs/design/002-measurement-protocol.md).
 
-    ``clock``: the time source of every time here (warm-up, samples, ``max_seconds``); the
-    settles sleep real time (:func:`time.sleep`) whatever the clock."""
+    ``clock``: the time source of every time here (warm-up, samples, ``max_seconds``; None:
+    the current settings'); the settles wait through the current settings' ``sleep``
+    (:func:`time.sleep` by default) whatever the clock."""
+    clock = clock if clock is not None else current().measure_clock
+    sleep = current().sleep
     with torch.inference_mode(), gc_paused():
         inner: dict[str, int] = {}
         lead: dict[str, int] = {}
@@ -178,7 +184,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 settled = settle > 0 and (settle_around is None or previous in settle_around
                                                 or name in settle_around)
                 if settled:
-                    time.sleep(settle)
+                    sleep(settle)
                 for _ in range(lead[name] if settled else lead_calls):
                     fn()
                 previous = name
@@ -227,3 +233,7 @@ def evict_caches() -> None:
         nbytes = min(int(1.5 * llc_bytes()), EVICT_MAX_BYTES)
         _SCRATCH.append(np.empty(nbytes // 4, dtype=np.float32))
     _SCRATCH[0].fill(1.0)  # numpy: no inference-mode restrictions
+
+
+__all__ = ["EVICT_MAX_BYTES", "SETTLED_LEAD_SECONDS", "SETTLE_SECONDS", "Clock", "evict_caches",
+           "gc_paused", "llc_bytes", "measure", "measure_alternating", "settled_lead"]
