@@ -1,5 +1,5 @@
 """Graph operators run as they are write into the executor's reused buffers where they can
-(``kernels.writes_out``): softmax writes into the buffer it is given, agrees with the
+(``ollie.exec.node.writes_out``): softmax writes into the buffer it is given, agrees with the
 reference executor, and a program reuses that buffer across calls (a fresh large output is
 page-faulted in on every call)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ollie.exec.dispatch import compile_kernel, writes_out
+from ollie.exec.dispatch import compile_kernel
 from ollie.exec.executor import CompiledProgram
+from ollie.exec.node import writes_out
 from ollie.graph import Graph, Node, run_graph
 from ollie.optimizer.final import node_kernel
 from ollie.program.program import Program

@@ -27,14 +27,8 @@ import torch
 from ollie.backends.onnxrt import region as ort_region
 from ollie.errors import ShapeError
 from ollie.exec.buffers import BufferCache
-from ollie.exec.dispatch import (
-    OUT_KINDS,
-    Env,
-    KernelFn,
-    compile_kernel,
-    plain_kernel,
-    writes_out,
-)
+from ollie.exec.dispatch import OUT_KINDS, compile_kernel, plain_kernel
+from ollie.exec.node import Env, KernelFn, writes_out
 from ollie.libs.onednn import dense
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
