@@ -29,9 +29,9 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CACHE_DIR_ENV = "OLLIE_CACHE_DIR"
@@ -74,6 +74,12 @@ class Settings:
     (:func:`ollie.tune.measure.gc_paused`).
     ``defer_full_collections``: automatic full collections wait until a search returns
     (:func:`ollie.caches.search_scope`).
+
+    ``choices``: the choice among implementations measured so far: per configuration key,
+    the name of the implementation that measured fastest (read and written only through
+    :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
+    :func:`using` block that does not replace it; ``using(choices={})`` gives a block a
+    private, empty one. Not part of the settings' equality.
     """
 
     cache_dir: Path | None = None
@@ -85,6 +91,7 @@ class Settings:
     sleep: Callable[[float], object] = time.sleep
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
+    choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def cache_root(self) -> Path:

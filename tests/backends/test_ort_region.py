@@ -290,7 +290,7 @@ def test_building_a_region_times_no_library_choice(monkeypatch):
     def no_timing(*args, **kwargs):
         raise AssertionError("a library choice was timed")
 
-    monkeypatch.setattr(choice.SHARED, "fastest", no_timing)
+    monkeypatch.setattr(choice.Choices, "fastest", no_timing)
     start, end = ort_region.groups(prog)[0]
     consts = {n: torch.as_tensor(v) for n, v in prog.constants.items()}
     assert ort_region.build_region(prog, start, end, consts, plain_kernel) is not None

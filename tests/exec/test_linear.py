@@ -65,13 +65,13 @@ def test_batched_right_operand_only_runs_on_mkl():
 def test_best_product_measures_once_and_remembers(monkeypatch):
     a, b = torch.randn(64, 96), torch.randn(96, 80)
     timed: list[int] = []
-    real = choice.SHARED.fastest
+    real = choice.Choices.fastest
 
-    def spy(impls, *args, **kw):
+    def spy(self, impls, *args, **kw):
         timed.append(1)
-        return real(impls, *args, **kw)
+        return real(self, impls, *args, **kw)
 
-    monkeypatch.setattr(choice.SHARED, "fastest", spy)
+    monkeypatch.setattr(choice.Choices, "fastest", spy)
     name, fn = linear.best_product(a, b)
     torch.testing.assert_close(fn(a, b).reshape(64, 80), a @ b, rtol=1e-4, atol=1e-4)
     again, _ = linear.best_product(torch.randn(64, 96), torch.randn(96, 80))
@@ -166,7 +166,7 @@ def test_operands_with_nan_fall_back_to_mkl_without_fixing_the_choice():
     a, b = torch.randn(33, 17), torch.randn(17, 29)
     a[3, 4] = float("nan")
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), True, None)
-    choice.SHARED.forget(key)
+    choice.shared().forget(key)
     name, fn = linear.best_product(a, b)
-    assert name == "MKL" and key not in choice.SHARED
+    assert name == "MKL" and key not in choice.shared()
     torch.testing.assert_close(fn(a, b), a @ b, equal_nan=True)

@@ -119,7 +119,7 @@ def test_winograd_keeps_nan_within_the_tiles_that_read_it() -> None:
 def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatch) -> None:
     torch.manual_seed(2)
     w, b = torch.randn(16, 16, 3, 3), torch.randn(16)
-    choice.SHARED.clear()
+    choice.shared().clear()
     built: list[str] = []
     real = winograd.winograd_conv2d
 
@@ -133,13 +133,13 @@ def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatc
     conv_choice.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
                           activation="relu", prefer=prefer)
     assert built == []
-    choice.SHARED.clear()
+    choice.shared().clear()
     monkeypatch.setattr(conv_choice, "WINOGRAD_MIN_FLOPS", 0)
     conv = conv_choice.best_conv("Conv2d", w, b, (2, 16, 12, 12), (1, 1), (1, 1), (1, 1),
                                  activation="relu", prefer=prefer)
     assert built == ["winograd"]
-    key = next(k for k in choice.SHARED if k[-1] == prefer)
-    assert choice.SHARED[key] in (conv_choice.WINOGRAD, "torch")
+    key = next(k for k in choice.shared() if k[-1] == prefer)
+    assert choice.shared()[key] in (conv_choice.WINOGRAD, "torch")
     x = torch.randn(2, 16, 12, 12)
     with torch.inference_mode():
         torch.testing.assert_close(conv(x), F.relu(F.conv2d(x, w, b, padding=1)),
@@ -433,7 +433,7 @@ def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, m
 
     ollie_settings(cache_dir=tmp_path, precompile=True)
     monkeypatch.setattr(wc, "_MODULES", {})
-    monkeypatch.setattr(choice, "SHARED", choice.Choices())
+    ollie_settings(choices={})
     specs = [("in", 4, 3, 12), ("out", 4, 3, 12)]
     assert wc.precompile(specs) == 2
     monkeypatch.setattr(winograd, "tile_sizes", lambda *a: [4])

@@ -133,16 +133,18 @@ def test_overlap_keeps_nan_near_the_tile_that_read_it() -> None:
 
 
 @needs_onednn
-def test_transposed_conv_offers_the_overlap_form_beside_the_per_phase_one(monkeypatch) -> None:
+def test_transposed_conv_offers_the_overlap_form_beside_the_per_phase_one(monkeypatch,
+                                                                          ollie_settings
+                                                                          ) -> None:
     offered: list[list[str]] = []
-    real = choice.SHARED.fastest
+    real = choice.Choices.fastest
 
-    def fastest(impls, *args, **kwargs):
+    def fastest(self, impls, *args, **kwargs):
         offered.append(sorted(impls))
-        return real(impls, *args, **kwargs)
+        return real(self, impls, *args, **kwargs)
 
-    monkeypatch.setattr(choice, "SHARED", choice.Choices())
-    monkeypatch.setattr(choice.SHARED, "fastest", fastest)
+    ollie_settings(choices={})
+    monkeypatch.setattr(choice.Choices, "fastest", fastest)
     g = torch.Generator().manual_seed(5)
     w, b = torch.randn(12, 16, 4, 4, generator=g), torch.randn(16, generator=g)
     x = torch.randn(2, 12, 8, 8, generator=g)

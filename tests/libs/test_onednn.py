@@ -213,11 +213,13 @@ def test_fastest_keeps_the_measured_fastest_callable_and_remembers_it(ollie_sett
         clock.advance(2.0 ** -12)
         return x + 1
 
-    assert choice.SHARED.fastest({"a": slow, "b": quick, "c": None}, (2, 2), key=("t", 1)) is quick
-    assert choice.SHARED.fastest({"a": quick, "b": slow}, (2, 2), key=("t", 2)) is quick
+    ollie_settings(choices={})
+    shared = choice.shared()
+    assert shared.fastest({"a": slow, "b": quick, "c": None}, (2, 2), key=("t", 1)) is quick
+    assert shared.fastest({"a": quick, "b": slow}, (2, 2), key=("t", 2)) is quick
     # remembered per key by name: not measured again
-    assert choice.SHARED.fastest({"a": slow, "b": quick}, (2, 2), key=("t", 2)) is slow
-    assert choice.SHARED.fastest({"only": slow, "none": None}, (2, 2)) is slow
+    assert shared.fastest({"a": slow, "b": quick}, (2, 2), key=("t", 2)) is slow
+    assert shared.fastest({"only": slow, "none": None}, (2, 2)) is slow
 
 
 @needs_onednn
@@ -285,10 +287,10 @@ def test_fastest_of_builds_only_the_remembered_choice(ollie_settings):
     key = ("fastest_of", 1)
     b = {"slow": builder("slow", slow), "quick": builder("quick", quick),
          "none": builder("none", None)}
-    assert choice.SHARED.fastest_of(b, (2,), key) is quick
+    assert choice.shared().fastest_of(b, (2,), key) is quick
     assert sorted(built) == ["none", "quick", "slow"]
     built.clear()
-    assert choice.SHARED.fastest_of(b, (2,), key) is quick
+    assert choice.shared().fastest_of(b, (2,), key) is quick
     assert built == ["quick"]
 
 
@@ -303,12 +305,12 @@ def test_fastest_of_uses_a_preferred_implementation_without_measuring():
         return x
 
     key = ("prefer", 1)
-    assert choice.SHARED.fastest_of({"a": builder("a", a), "b": builder("b", b)}, (2,), key,
+    assert choice.shared().fastest_of({"a": builder("a", a), "b": builder("b", b)}, (2,), key,
                              prefer="b") is b
-    assert built == ["b"] and key not in choice.SHARED
+    assert built == ["b"] and key not in choice.shared()
     # a preferred implementation that cannot be built: the measured choice
     built.clear()
-    got = choice.SHARED.fastest_of({"a": builder("a", a), "b": builder("b", None)}, (2,), key,
+    got = choice.shared().fastest_of({"a": builder("a", a), "b": builder("b", None)}, (2,), key,
                             prefer="b")
     assert got is a and set(built) == {"a", "b"}
 
@@ -444,10 +446,10 @@ def test_node_runner_chooses_per_memory_format_and_matches_both():
     run = conv_choice.node_runner("Conv2d", attrs, wt, b, activation="relu")
     x = torch.randn(2, 4, 7, 7)
     want = torch.relu(F.conv2d(x, wt, b, padding=1))
-    before = set(choice.SHARED)
+    before = set(choice.shared())
     for xx in (x, x.contiguous(memory_format=torch.channels_last)):
         torch.testing.assert_close(run(xx), want, rtol=1e-4, atol=1e-4)
-    new = [k for k in choice.SHARED if k not in before]
+    new = [k for k in choice.shared() if k not in before]
     assert sorted(k[-1] for k in new) == [False, True]  # one choice per memory format
     assert onednn.is_channels_last(x.contiguous(memory_format=torch.channels_last))
     assert not onednn.is_channels_last(x) and not onednn.is_channels_last(x[:, :1, :1])

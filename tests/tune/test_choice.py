@@ -1,10 +1,11 @@
 """The choice object (ollie.tune.choice): one table per Choices, read and written only through
-it; the choosers ask the one they are given, else the shared one."""
+it; the choosers ask the one they are given, else the table of the settings in effect."""
 
 from __future__ import annotations
 
 import torch
 
+from ollie.settings import current, using
 from ollie.tune import choice
 from ollie.tune.choice import ANY_OF, Choices
 
@@ -46,7 +47,12 @@ def test_a_preferred_subset_is_keyed_apart_and_a_single_candidate_is_not_timed()
     assert got is _ident and len(c) == 0  # one usable: nothing measured, nothing remembered
 
 
-def test_choosers_ask_the_shared_choices_unless_given_one(monkeypatch):
-    mine = Choices()
-    monkeypatch.setattr(choice, "SHARED", mine)
-    assert choice.shared() is mine
+def test_choosers_ask_the_settings_choices_unless_given_one():
+    mine: dict = {}
+    with using(choices=mine):
+        assert choice.shared().table is mine
+        choice.shared().remember(("k",), "a")
+    assert mine == {("k",): "a"} and ("k",) not in choice.shared()
+    outer = current().choices
+    with using(precompile=False):  # a block that does not replace the table shares it
+        assert choice.shared().table is outer

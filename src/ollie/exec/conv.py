@@ -84,7 +84,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     have (``channels_last``: the output of a packed oneDNN convolution is; an implementation
     that needs NCHW pays for the conversion in its time). ``prefer`` names an implementation
     to use without measuring when it is available (:meth:`ollie.tune.choice.Choices.fastest_of`);
-    ``choices``: the choice table to ask (default :data:`ollie.tune.choice.SHARED`)."""
+    ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`)."""
     from ollie.kernels import winograd
     from ollie.libs import ort_conv
 

@@ -174,7 +174,7 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     that implementation without measuring when it runs correctly. An implementation that
     disagrees with ``torch.matmul`` on ``a`` and ``b`` is never used. ``constant``: see
     :func:`implementations` (the caller passes the same constant operand on every call).
-    ``choices``: the table asked (default :data:`ollie.tune.choice.SHARED`)."""
+    ``choices``: the table asked (default :func:`ollie.tune.choice.shared`)."""
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
            activation, constant)
     impls = implementations(a, b, bias, activation, constant)

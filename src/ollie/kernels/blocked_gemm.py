@@ -198,7 +198,7 @@ def grouped_products(u: torch.Tensor, rows: int,
     the faster, measured with cold caches and remembered per shape, of oneDNN's grouped 1x1
     convolution with ``U`` packed (``V`` a channels-last ``[1, G*C, rows, 1]`` image) and
     :func:`blocked_products` (where it :func:`applies`); ``None`` where neither builds.
-    ``choices``: the table asked (default :data:`ollie.tune.choice.SHARED`)."""
+    ``choices``: the table asked (default :func:`ollie.tune.choice.shared`)."""
     from ollie.libs import onednn
 
     groups, k, c = u.shape

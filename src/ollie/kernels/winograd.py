@@ -347,7 +347,7 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
     (:meth:`ollie.tune.choice.Choices.fastest`, cold caches; ``out_shape``: the output's, for the
     residual input). The choice is remembered per ``key`` (the convolution's configuration):
     a later build for it builds only the chosen form; ``choices``: the table asked (default
-    :data:`ollie.tune.choice.SHARED`)."""
+    :func:`ollie.tune.choice.shared`)."""
     r, kp = parts[0][0].shape[-1], parts[0][0].shape[0]
     forms = {f"F({m}x{m})": (build, m, (("in", input_shape[1]), ("out", kp)))
              for m in tile_sizes(parts, out_size, dil)}

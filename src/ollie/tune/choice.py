@@ -4,13 +4,15 @@ name of the implementation that measured fastest, and picks by measuring when it
 Every chooser asks a :class:`Choices` (convolutions, :func:`ollie.exec.conv.best_conv`; matrix
 products, :func:`ollie.exec.linear.best_product`; Winograd tile sizes and product kernels,
 :mod:`ollie.kernels.winograd`, :func:`ollie.kernels.blocked_gemm.grouped_products`). Each takes
-the object to ask as an argument; without one it asks :data:`SHARED`, the process's table,
-so that a configuration measured while one program is built is not measured again for the
-next. Nothing else reads or writes the table: a caller that wants a private, empty choice
-(a test, a benchmark) passes its own :class:`Choices`. Measurement: alternately, for a few
-rounds, with cold caches (:func:`ollie.tune.measure.evict_caches`), like a cuDNN
-benchmark-mode algorithm choice. Why a measured choice:
-docs/design/003-library-kernels-on-the-cpu.md; why one object: docs/design/018-package-layout.md.
+the object to ask as an argument; without one it asks :func:`shared`, the table of the
+settings in effect (:attr:`ollie.settings.Settings.choices`: the process's, so that a
+configuration measured while one program is built is not measured again for the next).
+Nothing else reads or writes a table: a caller that wants a private, empty choice (a test, a
+benchmark) passes its own :class:`Choices` or runs under ``ollie.settings.using(choices={})``.
+Measurement: alternately, for a few rounds, with cold caches
+(:func:`ollie.tune.measure.evict_caches`), like a cuDNN benchmark-mode algorithm choice.
+Why a measured choice: docs/design/003-library-kernels-on-the-cpu.md; why one object:
+docs/design/018-package-layout.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
 
 import torch
+
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., torch.Tensor])
@@ -33,8 +37,9 @@ class Choices:
     """Per configuration key (a hashable value describing what is computed), the name of the
     implementation that measured fastest."""
 
-    def __init__(self) -> None:
-        self.table: dict[Hashable, str] = {}
+    def __init__(self, table: dict[Hashable, str] | None = None) -> None:
+        self.table: dict[Hashable, str] = {} if table is None else table
+        """What is remembered (``table``: one to read and write, default a new empty one)."""
 
     def get(self, key: Hashable) -> str | None:
         """The name remembered for ``key``, or None."""
@@ -124,13 +129,10 @@ class Choices:
                             key, make_args)
 
 
-SHARED = Choices()
-"""The process's choices, asked by every chooser given no :class:`Choices` of its own."""
-
-
 def shared() -> Choices:
-    """:data:`SHARED` (read when called, so that a test may replace it)."""
-    return SHARED
+    """The choices of the settings in effect (:attr:`ollie.settings.Settings.choices`), asked
+    by every chooser given no :class:`Choices` of its own."""
+    return Choices(current().choices)
 
 
-__all__ = ["ANY_OF", "SHARED", "Choices", "shared"]
+__all__ = ["ANY_OF", "Choices", "shared"]
