@@ -519,3 +519,31 @@ def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatc
     want = torch.nn.functional.conv2d(torch.nn.functional.conv_transpose2d(
         x, torch.from_numpy(w), stride=2, padding=1), torch.from_numpy(w2))
     torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_region_holds_only_the_constants_its_nodes_read(monkeypatch):
+    """A clamp's bounds are program constants its eOperator reads but its ONNX form folds in;
+    the region's ONNX graph leaves them out (ONNX Runtime warns about every unused
+    initializer: a model of many clamps printed a wall of warnings)."""
+    from ollie.libs import ort_conv
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU6(), nn.Conv2d(8, 8, 3, padding=1),
+                      nn.Hardtanh(-0.5, 2.0), nn.Conv2d(8, 4, 1)).eval()
+    prog = ort_region.mark_regions(_optimized(m, torch.randn(1, 3, 16, 16)))
+    assert prog is not None
+    graphs: list = []
+    real = ort_conv.session
+
+    def spy(graph, spinning=False):
+        graphs.append(graph)
+        return real(graph, spinning)
+
+    monkeypatch.setattr(ort_conv, "session", spy)
+    consts = {n: torch.as_tensor(v) for n, v in prog.constants.items()}
+    built = [ort_region.build_region(prog, start, end, consts, plain_kernel)
+             for start, end in ort_region.groups(prog)]
+    assert built and all(r is not None for r in built) and graphs
+    for graph in graphs:
+        read = {name for node in graph.node for name in node.input}
+        assert graph.initializer and {i.name for i in graph.initializer} <= read
