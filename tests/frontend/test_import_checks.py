@@ -13,16 +13,7 @@ from torch import nn
 from ollie.errors import OllieError, ShapeError
 from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
 from ollie.graph import run_graph
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(a) + b)
+from ollie.testing.programs import TwoInputs
 
 
 def test_one_tensor_as_two_example_inputs_traces_both_inputs() -> None:

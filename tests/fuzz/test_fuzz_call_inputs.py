@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ollie
+from ollie.testing.programs import TwoInputs
 
 SHAPE = (2, 3, 6, 6)
 SETTINGS = dict(device="cpu", time_budget=0.5, max_depth=1, max_candidates=2, use_cache=False,
@@ -39,16 +40,6 @@ def cnn() -> nn.Module:
                          nn.Sigmoid()).eval()
 
 
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.conv = nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(a) + b)
-
-
 @pytest.fixture(scope="module", params=["libraries", "executor"])
 def program(request: pytest.FixtureRequest) -> tuple[nn.Module, ollie.OptimizedModel]:
     """(model, program): the CNN optimised with the library choice on or off."""
@@ -60,7 +51,7 @@ def program(request: pytest.FixtureRequest) -> tuple[nn.Module, ollie.OptimizedM
 
 @pytest.fixture(scope="module")
 def two_inputs() -> tuple[nn.Module, ollie.OptimizedModel]:
-    model = TwoInputs().eval()
+    model = TwoInputs(seed=1).eval()
     x = torch.randn(1, 3, 5, 5)
     return model, ollie.optimize(model, (x, x), **SETTINGS)
 

@@ -4,8 +4,6 @@ and caches the choice."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from torch import nn
@@ -15,9 +13,8 @@ from ollie.exec.executor import CompiledProgram
 from ollie.optimizer import context
 from ollie.optimizer.context import Group, refine
 from ollie.optimizer.final import ORIGINAL
-from ollie.program.program import Program
 from ollie.testing.clock import FakeClock, stopped_clock
-from ollie.testing.programs import original_program
+from ollie.testing.programs import marked_assembler, original_program
 
 UNIT = 2.0 ** -9
 """Seconds a switch adds or saves in the timed programs below, on a fake clock."""
@@ -37,11 +34,7 @@ def _setup(monkeypatch, ollie_settings):
                       nn.Conv2d(8, 3, 3, padding=1)).eval()
     prog, feeds, want = original_program(m, torch.randn(1, 4, 8, 8))
 
-    def assemble(on: frozenset[str]) -> Program:
-        first = prog.kernels[0]
-        marked = replace(first, params={**first.params, "test_on": sorted(on)})
-        return Program(prog.inputs, prog.outputs, [marked, *prog.kernels[1:]],
-                       prog.constants)
+    assemble = marked_assembler(prog)
 
     real_run, real_call = CompiledProgram.run, CompiledProgram.__call__
 

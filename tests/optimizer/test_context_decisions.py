@@ -5,7 +5,6 @@ are injected (no clock)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -13,8 +12,7 @@ from torch import nn
 from ollie.optimizer import context
 from ollie.optimizer.context import MAX_GROUPS, Group, cached_refine, refine
 from ollie.optimizer.final import Reference
-from ollie.program.program import Program
-from ollie.testing.programs import original_program
+from ollie.testing.programs import marked_assembler, original_program
 from ollie.tune.cache import CostCache
 
 
@@ -23,11 +21,7 @@ def _program():
     m = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU()).eval()
     prog, feeds, want = original_program(m, torch.randn(1, 2, 5, 5))
 
-    def assemble(on: frozenset[str]) -> Program:
-        first = prog.kernels[0]
-        marked = replace(first, params={**first.params, "test_on": sorted(on)})
-        return Program(prog.inputs, prog.outputs, [marked, *prog.kernels[1:]],
-                       prog.constants)
+    assemble = marked_assembler(prog)
 
     return assemble, feeds, want
 

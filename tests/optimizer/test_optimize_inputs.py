@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import ollie
+from ollie.testing.programs import TwoInputs
 
 FAST = dict(time_budget=0.5, max_depth=1, max_candidates=1, use_cache=False, context=False,
             settle=0.0)
@@ -95,16 +96,6 @@ def test_onnx_model_of_another_dtype_is_refused() -> None:
     model.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
     with pytest.raises(ollie.UnsupportedError, match="input 'x' is float64"):
         ollie.optimize(model, (torch.randn(1, 3, 6, 6, dtype=torch.float64),), **FAST)
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(a) + b)
 
 
 def test_one_tensor_as_both_example_inputs() -> None:
