@@ -99,3 +99,67 @@ def test_a_program_that_fails_when_called_falls_back(monkeypatch, caplog):
         want = model(x)
     assert torch.allclose(first, want) and torch.allclose(second, want)
     assert caplog.text.count("kernel exploded") == 1
+
+
+class _Branchy(nn.Module):
+    """A data-dependent branch (a graph break: two graphs), a dict output and a size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
+        y = torch.relu(self.c1(x))
+        if y.sum().item() > -1e30:
+            y = y * 2.0
+        z = self.c2(y)
+        return {"feat": z, "logits": self.head(z.mean((2, 3)))}, z.shape[0]
+
+
+def _spying(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = backend.optimize
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "optimize", spy)
+    return calls
+
+
+def _same(got, want) -> bool:
+    (gd, gn), (wd, wn) = got, want
+    return gn == wn and gd.keys() == wd.keys() and all(
+        torch.allclose(gd[k], wd[k], rtol=1e-4, atol=1e-5) for k in wd)
+
+
+def test_graph_breaks_dicts_and_new_batch_sizes_are_optimised(monkeypatch, caplog):
+    calls = _spying(monkeypatch)
+    model = _Branchy().eval()
+    compiled = torch.compile(model, backend="ollie")
+    seen = []
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        for batch in (1, 2, 3, 2):
+            x = torch.randn(batch, 3, 12, 12)
+            assert _same(compiled(x), model(x))
+            seen.append(len(calls))
+    # two graphs (the break) at batch 1; the dynamic-shape recompile is then optimised once
+    # per new batch size (2 graphs each), and batch 2 again reuses its programs
+    assert seen == [2, 4, 6, 6]
+    assert "unchanged" not in caplog.text
+
+
+def test_shapes_beyond_the_specialisation_limit_run_unchanged(monkeypatch, caplog):
+    calls = _spying(monkeypatch)
+    monkeypatch.setattr(backend, "MAX_SPECIALISATIONS", 1)
+    model = _mlp().eval()
+    compiled = torch.compile(model, backend="ollie")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        for batch in (2, 3, 4, 5):
+            x = torch.randn(batch, 6)
+            assert torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert len(calls) == 2  # batch 2 (static graph) and batch 3 (the first dynamic one)
+    assert caplog.text.count("input shapes for one graph") == 1

@@ -1,19 +1,26 @@
 """``torch.compile(model, backend="ollie")``: registered when ``ollie`` is imported.
 
 Dynamo hands the backend an FX graph module and example inputs; Ollie optimises it like any
-module and returns a callable with the graph's output structure. The backend never takes a
-user's model down: whatever Ollie cannot or does not handle runs as the graph module itself
-(the default path), with one warning naming the cause:
+module and returns a callable with the graph's output structure (a graph break gives several
+graphs, each handed over on its own). The backend never takes a user's model down: whatever
+Ollie cannot or does not handle runs as the graph module itself (the default path), with one
+warning naming the cause:
 
 * a graph that needs gradients (grad mode on and an input or parameter that requires grad:
   training): Ollie's programs are inference programs, which autograd cannot differentiate;
-* graph inputs that are not tensors (symbolic sizes of a dynamic-shape graph), or tensors on
-  more than one device;
+* graph inputs that are neither tensors nor numbers, or tensors on more than one device;
 * any error while optimising (an unsupported operator, a corrupt cache, a bug in Ollie);
 * an error of the optimised program when it is called (the graph module then serves this and
   every later call).
 
-Settings: :data:`BACKEND_CONFIG` (its ``device`` is replaced by the example inputs' device).
+Dynamic shapes: when a model is called with a second batch size, dynamo recompiles the graph
+with symbolic sizes (its "automatic dynamic" shapes), and the graph's inputs then include the
+sizes as numbers. Ollie's programs are specialised to shapes, so such a graph is optimised
+lazily, once per distinct set of concrete input shapes and numbers met at call time (as
+``torch.compile(..., dynamic=False)`` recompiles per shape), at most
+:data:`MAX_SPECIALISATIONS` of them; later new shapes run the graph module.
+
+Settings: :data:`BACKEND_CONFIG` (its ``device`` is replaced by the inputs' device).
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from ollie.optimizer.model import OptimizeConfig, optimize
 log = logging.getLogger(__name__)
 BACKEND_CONFIG = OptimizeConfig(time_budget=10.0)
 """Used by the torch.compile backend (replace it to change budgets)."""
+MAX_SPECIALISATIONS = 8
+"""Concrete shape sets optimised per dynamic-shape graph; beyond them it runs unchanged."""
+
+_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _cause(exc: BaseException) -> str:
@@ -36,13 +47,15 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
-def _refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> str | None:
+def _refusal(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> str | None:
     """Why this graph runs on the default path, or None when Ollie takes it."""
-    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
-        kinds = sorted({type(x).__name__ for x in example_inputs
-                        if not isinstance(x, torch.Tensor)})
-        return f"non-tensor graph inputs ({', '.join(kinds)})"
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    odd = sorted({type(x).__name__ for x in inputs
+                  if not isinstance(x, (torch.Tensor, *_NUMBERS))})
+    if odd:
+        return f"graph inputs of types {', '.join(odd)}"
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if not tensors:
+        return "a graph without tensor inputs"
     if torch.is_grad_enabled() and (
             any(x.requires_grad for x in tensors)
             or any(p.requires_grad for p in gm.parameters())):
@@ -55,42 +68,118 @@ def _refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> str 
     return None
 
 
-def ollie_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable:
-    """The ``"ollie"`` torch.compile backend (see the module docstring)."""
-    why = _refusal(gm, example_inputs)
+def _symbolic(inputs: Sequence[object]) -> bool:
+    """Whether the graph was traced with symbolic sizes (dynamic shapes)."""
+    for x in inputs:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(x, torch.Tensor) and any(
+                isinstance(d, torch.SymInt) for d in x.shape):
+            return True
+    return False
+
+
+class _Bound(torch.nn.Module):
+    """The graph module with its number inputs fixed and only its tensor outputs: a module
+    of tensors to tensors (the numbers a graph returns are sizes, fixed by its inputs)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, inputs: Sequence[object],
+                 tensor_outputs: Sequence[int]) -> None:
+        super().__init__()
+        self.gm = gm
+        self.numbers = {i: x for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)}
+        self.arity = len(inputs)
+        self.tensor_outputs = tuple(tensor_outputs)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[object, ...]:
+        it = iter(tensors)
+        args = [self.numbers[i] if i in self.numbers else next(it)
+                for i in range(self.arity)]
+        outs = _flat(self.gm(*args))
+        return tuple(outs[i] for i in self.tensor_outputs)
+
+
+def _flat(out: object) -> tuple[object, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
+    """Optimise ``gm`` for these concrete inputs; the graph module on refusal or failure."""
+    why = _refusal(gm, inputs)
     if why is not None:
         log.warning("ollie backend: running the graph unchanged: %s", why)
         return gm.forward
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    device = tensors[0].device.type if tensors else BACKEND_CONFIG.device
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    device = tensors[0].device.type
     try:
         with torch.no_grad():
-            ref = gm(*example_inputs)
-        opt = optimize(gm, tensors, device=device, config=replace(BACKEND_CONFIG,
-                                                                   device=device))
+            ref = gm(*inputs)
+        refs = _flat(ref)
+        slots = [i for i, o in enumerate(refs) if isinstance(o, torch.Tensor)]
+        bound = len(tensors) < len(inputs) or len(slots) < len(refs)
+        model = _Bound(gm, inputs, slots) if bound else gm
+        opt = optimize(model, tensors, device=device,
+                       config=replace(BACKEND_CONFIG, device=device))
     except Exception as exc:  # never fail the user's compilation because of Ollie
         log.warning("ollie backend: running the graph unchanged: %s", _cause(exc))
         log.debug("ollie backend failure", exc_info=True)
         return gm.forward
     state: dict[str, Callable] = {}
 
-    def run(*args: torch.Tensor) -> object:
+    def run(*args: object) -> object:
         fallback = state.get("fallback")
         if fallback is not None:
             return fallback(*args)
         try:
-            out = opt(*args)
+            out = opt(*[a for a in args if isinstance(a, torch.Tensor)])
         except Exception as exc:  # the program failed: the graph module from now on
             log.warning("ollie backend: the optimised program failed (%s); running the graph "
                         "unchanged from now on", _cause(exc))
             state["fallback"] = gm.forward
             return gm.forward(*args)
-        if isinstance(ref, (tuple, list)):
-            outs = out if isinstance(out, tuple) else (out,)
-            return type(ref)(outs)
-        return out
+        if not isinstance(ref, (tuple, list)):
+            return _flat(out)[0]
+        got = iter(_flat(out))
+        return type(ref)(next(got) if i in slots else refs[i] for i in range(len(refs)))
 
     return run
+
+
+def _call_key(args: Sequence[object]) -> tuple:
+    return tuple((tuple(a.shape), a.dtype, a.device.type, a.requires_grad)
+                 if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
+
+
+def _specialising(gm: torch.fx.GraphModule) -> Callable:
+    """A dynamic-shape graph: optimised per concrete call signature, lazily."""
+    programs: dict[tuple, Callable] = {}
+
+    def run(*args: object) -> object:
+        key = _call_key(args)
+        fn = programs.get(key)
+        if fn is None:
+            if len(programs) >= MAX_SPECIALISATIONS:
+                if ("",) not in programs:
+                    log.warning("ollie backend: more than %d input shapes for one graph; new "
+                                "shapes run the graph unchanged", MAX_SPECIALISATIONS)
+                    programs[("",)] = gm.forward
+                fn = gm.forward
+            else:
+                fn = programs[key] = _concrete(gm, args)
+        return fn(*args)
+
+    return run
+
+
+def ollie_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable:
+    """The ``"ollie"`` torch.compile backend (see the module docstring)."""
+    if _symbolic(example_inputs):
+        why = _refusal(gm, example_inputs)
+        if why is not None and "gradients" not in why:
+            log.warning("ollie backend: running the graph unchanged: %s", why)
+            return gm.forward
+        return _specialising(gm)
+    return _concrete(gm, example_inputs)
 
 
 def register() -> None:
