@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path/to/model.onnx, or zoo:NAME (see 'ollie zoo')")
+    p.add_argument("model", help="path/to/model.onnx, zoo:NAME (see 'ollie zoo'), or tv:NAME / "
+                   "hf:NAME (torchvision / transformers, optional extra 'models')")
     p.add_argument("--batch", type=int, default=1, help="batch size (zoo models; default 1)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("-o", "--output", default=None,
@@ -28,7 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] | None, str]:
-    """(model, example inputs or None, a short name) for ``zoo:NAME`` or an ONNX path."""
+    """(model, example inputs or None, a short name) for ``zoo:NAME``, ``tv:NAME``,
+    ``hf:NAME`` (optional model suites, :mod:`ollie.zoo.external`) or an ONNX path."""
+    if spec.startswith(("tv:", "hf:")):
+        from ollie.zoo.external import build
+
+        module, inputs = build(spec, batch)
+        return module, tuple(inputs), spec.replace(":", "-")
     if spec.startswith("zoo:"):
         import ollie.zoo
 

@@ -114,7 +114,11 @@ MODELS: dict[str, ModelSpec] = {
 def get(name: str, batch: int = 1, **options: int) -> Built:
     """Build zoo model ``name`` (``zoo:`` prefix allowed) for batch size ``batch``; returns
     ``(module, example_inputs)``. ``options`` are model options (Longformer: ``seq``,
-    ``width``, ``dilation``)."""
+    ``width``, ``dilation``). ``tv:NAME`` / ``hf:NAME`` build torchvision / transformers
+    models (:mod:`ollie.zoo.external`, optional dependencies)."""
+    if name.startswith(("tv:", "hf:")):
+        from ollie.zoo.external import build
+        return build(name, batch, **options)
     key = name.removeprefix("zoo:").lower()
     spec = MODELS.get(key)
     if spec is None:

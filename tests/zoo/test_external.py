@@ -1,0 +1,62 @@
+"""``tv:NAME`` / ``hf:NAME`` models (ollie.zoo.external): built with seeded random weights,
+clear errors for unknown names, options and missing libraries. The tests of the models
+themselves skip where the optional libraries are not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import ollie.zoo
+from ollie.errors import OllieError
+from ollie.zoo import external
+
+HAS_TV = importlib.util.find_spec("torchvision") is not None
+HAS_HF = importlib.util.find_spec("transformers") is not None
+
+
+def test_unknown_prefix_and_options_are_named():
+    with pytest.raises(OllieError, match="not a tv:NAME"):
+        external.build("xx:model")
+    with pytest.raises(OllieError, match=r"unknown option.*allowed: size"):
+        external.build("tv:resnet18", width=3)
+    with pytest.raises(OllieError, match="unknown model"):
+        external.build("hf:gpt99")
+
+
+def test_missing_library_says_what_to_install(monkeypatch):
+    real = importlib.import_module
+
+    def missing(name: str, *args, **kwargs):
+        if name.split(".")[0] in ("torchvision", "transformers"):
+            raise ImportError(f"No module named '{name}'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(external.importlib, "import_module", missing)
+    with pytest.raises(OllieError, match=r"pip install -e '\.\[models\]'"):
+        external.build("tv:resnet18")
+    with pytest.raises(OllieError, match=r"pip install -e '\.\[models\]'"):
+        external.build("hf:bert", layers=1)
+
+
+@pytest.mark.skipif(not HAS_TV, reason="torchvision not installed (extra 'models')")
+def test_torchvision_model_builds_deterministically():
+    m1, (x1,) = ollie.zoo.get("tv:squeezenet1_1", batch=2, size=64)
+    m2, (x2,) = ollie.zoo.get("tv:squeezenet1_1", batch=2, size=64)
+    assert x1.shape == (2, 3, 64, 64) and torch.equal(x1, x2)
+    with torch.no_grad():
+        y1, y2 = m1(x1), m2(x2)
+    assert y1.shape == (2, 1000) and torch.equal(y1, y2) and torch.isfinite(y1).all()
+    with pytest.raises(OllieError, match="no model 'nosuchnet'"):
+        external.build("tv:nosuchnet")
+
+
+@pytest.mark.skipif(not HAS_HF, reason="transformers not installed (extra 'models')")
+def test_transformers_encoder_takes_embeddings():
+    m, (x,) = external.build("hf:bert", 2, seq=16, layers=1, hidden=32, heads=4)
+    assert x.shape == (2, 16, 32) and x.dtype == torch.float32
+    with torch.no_grad():
+        y = m(x)
+    assert y.shape == (2, 16, 32) and torch.isfinite(y).all()
