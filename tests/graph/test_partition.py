@@ -161,3 +161,17 @@ def test_mul_and_div_are_linear_only_by_a_constant():
 def test_limits_are_checked(field):
     with pytest.raises(ConfigError, match=field):
         RegionLimits(**{field: 0})
+
+
+def test_partition_command_prints_the_regions(capsys):
+    from ollie.cli import main
+
+    args = ["partition", "zoo:longformer", "-O", "seq=32", "-O", "width=4", "-O", "dilation=2",
+            "--repeat", "1", "--list"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "28 nodes (7 compute) -> 7 items: 3 regions (3 of several nodes), 4 single nodes" in out
+    assert "region sizes (nodes:count): 2:1 6:1 16:1" in out
+    assert out.count("Region([") == 3
+    assert main(["partition", "zoo:longformer", "-O", "seq"]) == 2
+    assert "KEY=INT" in capsys.readouterr().err
