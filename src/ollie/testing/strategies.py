@@ -11,6 +11,8 @@ positions.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -28,6 +30,9 @@ from ollie.ir import (
     neg,
     var,
 )
+
+if TYPE_CHECKING:
+    from ollie.graph import Graph
 
 ITER_NAMES = ("i", "j", "k", "l", "m", "p", "q", "u")
 
@@ -170,11 +175,17 @@ BOUNDARY_STEPS = ("relu", "tanh", "sigmoid", "leaky_relu", "abs", "max_acts", "m
 """Steps of :func:`linear_graphs` that emit boundary (non-linear or opaque) nodes."""
 
 
+_BINARY_STEPS = ("matmul_acts", "add", "sub", "concat_conv", "max_acts", "mul_acts")
+_STEP_CLASSES = tuple(tuple(s for s in steps if (s in _BINARY_STEPS) == binary)
+                      for steps in (LINEAR_STEPS, BOUNDARY_STEPS) for binary in (False, True))
+
+
 @st.composite
-def linear_graphs(draw, max_steps: int = 12):  # -> ollie.graph.Graph
+def linear_graphs(draw, max_steps: int = 12) -> Graph:
     """A small random DAG :class:`ollie.graph.Graph` of linear and boundary operators, built
     with the frontends' ``GraphBuilder``: one or two inputs of one shape ``[1, c, h, h]``
-    (c 1-3, h 2-4), then 1-``max_steps`` steps (:data:`LINEAR_STEPS`, :data:`BOUNDARY_STEPS`)
+    (c 1-3, h 2-4), then 1-``max_steps`` steps (:data:`LINEAR_STEPS`, :data:`BOUNDARY_STEPS`;
+    linear or boundary, with one or two operands, each of the four classes equally likely)
     each reading one or two earlier tensors (the latest one more often, so chains, fan-out and
     re-joining branches all occur) and producing one tensor of that shape; random constants.
     The graph outputs are the tensors no step reads, plus maybe one more."""
@@ -200,7 +211,7 @@ def linear_graphs(draw, max_steps: int = 12):  # -> ollie.graph.Graph
                        {"stride": 1, "padding": k // 2}, "conv")
 
     for _ in range(draw(st.integers(1, max_steps))):
-        step = draw(st.sampled_from(LINEAR_STEPS + BOUNDARY_STEPS))
+        step = draw(st.sampled_from(draw(st.sampled_from(_STEP_CLASSES))))
         x = operand()
         if step in ("conv3x3", "conv1x1"):
             y = conv(x, c, 3 if step == "conv3x3" else 1)
