@@ -10,8 +10,8 @@ import torch
 import ollie.zoo as zoo
 from ollie.errors import ConfigError
 from ollie.frontend.builder import GraphBuilder
-from ollie.graph import Graph, Node, run_graph
-from ollie.graph.partition import Region, RegionLimits, partition
+from ollie.graph import Graph, GraphError, Node, run_graph
+from ollie.graph.partition import Region, RegionLimits, partition, region_of
 from ollie.optimizer.model import to_graph
 from ollie.testing import cnns
 from ollie.testing.partitions import check_partition, item_index, run_items
@@ -175,3 +175,13 @@ def test_partition_command_prints_the_regions(capsys):
     assert out.count("Region([") == 3
     assert main(["partition", "zoo:longformer", "-O", "seq"]) == 2
     assert "KEY=INT" in capsys.readouterr().err
+
+
+def test_region_of_refuses_nodes_of_another_graph():
+    b, rng = _builder()
+    b.add_output(_conv(b, rng, b.add_input("x", (1, 2, 3, 3))))
+    graph = b.finish()
+    other = Node("Relu", ("x",), ("y",))
+    with pytest.raises(GraphError, match="another graph"):
+        region_of(graph, [graph.nodes[0], other])
+    assert region_of(graph, graph.nodes) == Region(tuple(graph.nodes), ("x",), tuple(graph.outputs))

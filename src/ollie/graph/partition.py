@@ -32,11 +32,11 @@ node. Why the limits have their values: docs/design/021-wp2-partition.md.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from ollie.errors import OllieError, check_settings
-from ollie.graph.ir import COMPUTE_OPS, Graph, Node
+from ollie.graph.ir import COMPUTE_OPS, Graph, GraphError, Node
 
 LINEAR_OPS: frozenset[str] = frozenset({
     *COMPUTE_OPS, "Add", "Sub", "BiasAdd", "BatchNorm", "Neg", "Identity", "Reshape", "Flatten",
@@ -87,6 +87,7 @@ class Region:
 
 
 Item = Region | Node
+"""An element of a partition: a region, or a node on its own."""
 
 
 def constant_tensors(graph: Graph) -> frozenset[str]:
@@ -98,7 +99,7 @@ def constant_tensors(graph: Graph) -> frozenset[str]:
     return frozenset(const)
 
 
-def is_linear(node: Node, constants: Iterable[str] | frozenset[str]) -> bool:
+def is_linear(node: Node, constants: Container[str]) -> bool:
     """Whether ``node`` is linear (see the module docstring); ``constants``: the constant
     tensors of its graph (:func:`constant_tensors`)."""
     if node.opaque:
@@ -118,7 +119,7 @@ def region_of(graph: Graph, nodes: Sequence[Node]) -> Region:
     members = {id(n) for n in nodes}
     ordered = tuple(n for n in graph.nodes if id(n) in members)
     if len(ordered) != len(members):
-        raise OllieError(f"graph '{graph.name}': region_of was given nodes of another graph")
+        raise GraphError(f"graph '{graph.name}': region_of was given nodes of another graph")
     produced = {o for n in ordered for o in n.outputs}
     inputs = dict.fromkeys(i for n in ordered for i in n.inputs
                            if i not in produced and i not in graph.initializers)
@@ -247,6 +248,18 @@ class _Partitioner:
                         self.union(s, i)
         return self.ordered_items()
 
+    def region(self, members: list[int]) -> Region:
+        """The :class:`Region` of the nodes ``members`` (ascending indices); what
+        :func:`region_of` computes, from the reader bitsets."""
+        mask = sum(1 << i for i in members)
+        nodes = tuple(self.nodes[i] for i in members)
+        inputs = dict.fromkeys(
+            t for n in nodes for t in n.inputs if t not in self.graph.initializers
+            and not (t in self.producer and mask >> self.producer[t] & 1))
+        outputs = tuple(o for n in nodes for o in n.outputs
+                        if o in self.graph_outputs or self.reader_bits.get(o, 0) & ~mask)
+        return Region(nodes, tuple(inputs), outputs)
+
     def ordered_items(self) -> list[Item]:
         """The items (regions with a compute operator, other nodes alone) in a topological
         order of the contracted graph, earliest first node first among the ready ones."""
@@ -278,11 +291,10 @@ class _Partitioner:
         out: list[Item] = []
         while ready:
             _, k = heapq.heappop(ready)
-            nodes = [self.nodes[i] for i in items[k]]
-            if len(nodes) == 1 and not self.compute[items[k][0]]:
-                out.append(nodes[0])
+            if len(items[k]) == 1 and not self.compute[items[k][0]]:
+                out.append(self.nodes[items[k][0]])
             else:
-                out.append(region_of(self.graph, nodes))
+                out.append(self.region(items[k]))
             for s in succ[k]:
                 indeg[s] -= 1
                 if not indeg[s]:

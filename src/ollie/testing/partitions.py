@@ -15,9 +15,7 @@ from typing import Any
 import torch
 
 from ollie.graph import COMPUTE_OPS, Graph, Node, run_node
-from ollie.graph.partition import Region, RegionLimits, constant_tensors, is_linear
-
-Item = Region | Node
+from ollie.graph.partition import Item, Region, RegionLimits, constant_tensors, is_linear
 
 
 def item_nodes(item: Item) -> tuple[Node, ...]:
