@@ -185,3 +185,40 @@ def test_region_of_refuses_nodes_of_another_graph():
     with pytest.raises(GraphError, match="another graph"):
         region_of(graph, [graph.nodes[0], other])
     assert region_of(graph, graph.nodes) == Region(tuple(graph.nodes), ("x",), tuple(graph.outputs))
+
+
+def test_every_lowered_operator_is_classified():
+    """An operator added to the lowerings is a boundary until it is listed here and, if
+    linear, in LINEAR_OPS (a boundary is safe, but may split a region needlessly)."""
+    from ollie.graph.partition import LINEAR_OPS
+    from ollie.lower import LOWERINGS
+
+    by_constant = {"Mul", "Div"}
+    boundaries = {"Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Abs", "Max", "Min",
+                  "LeakyRelu", "MaxPool2d", "Softmax"}
+    assert LINEAR_OPS.issubset(LOWERINGS)
+    assert set(LOWERINGS) - LINEAR_OPS == by_constant | boundaries
+
+
+def test_onnx_import_partitions_like_the_torch_import(tmp_path):
+    from ollie.frontend import to_onnx
+
+    x = torch.randn(1, 8, 16, 16)
+    path = tmp_path / "gcn_block.onnx"
+    to_onnx(GCNBlock(8, 4).eval(), (x,), str(path))
+    graph = to_graph(str(path), (x,))
+    (region,) = _checked(graph)
+    assert sorted(_ops(region)) == ["Add"] + ["Conv2d"] * 4
+
+
+def test_a_node_computing_a_constant_joins_no_region():
+    b, rng = _builder()
+    x = b.add_input("x", (1, 2, 3, 3))
+    wt = b.emit1("Transpose", [b.add_const(rng.standard_normal((3, 3)).astype(np.float32))],
+                 {"perm": (1, 0)})
+    y = b.emit1("MatMul", [b.emit1("Relu", [b.emit1("MatMul", [x, wt])]), wt])
+    b.add_output(y)
+    graph = b.finish()
+    items = _checked(graph)
+    assert [_ops(it) for it in items] == [["Transpose"], ["MatMul"], ["Relu"], ["MatMul"]]
+    assert isinstance(items[0], Node) and items[1].inputs == (x, wt)

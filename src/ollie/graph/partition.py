@@ -11,10 +11,11 @@ opaque nodes (``MaxPool2d`` and ``Softmax`` included), a ``Mul`` of two activati
 operator not listed.
 
 The algorithm is a union-find over the linear nodes, visited in the graph's topological order.
-At each node it first tries to unite the node with the producers of its inputs (*chain* edges,
-in input order), then with the earlier linear readers of the same activation tensors (*sibling*
-edges; the Q/K/V projections of an attention layer, the branches of an Inception or GCN
-block). A union is accepted only when
+At each node it first tries to unite the node with the producers of its activation inputs
+(*chain* edges, in input order), then with the earlier linear readers of the same activation
+tensors (*sibling* edges; the Q/K/V projections of an attention layer, the branches of an
+Inception or GCN block). Constant tensors make no edge: a node computing a constant from
+constants stays on its own, before all its readers. A union is accepted only when
 
 * the union stays *convex* in the graph contracted by the regions so far: no path leaves the
   merged region and re-enters it, directly or through another region (reachability bitsets
@@ -233,14 +234,12 @@ class _Partitioner:
         for i, node in enumerate(self.nodes):
             if not self.linear[i]:
                 continue
-            ins = list(dict.fromkeys(node.inputs))
-            for t in ins:  # chain edges: producer -> this node
+            acts = [t for t in dict.fromkeys(node.inputs) if t not in self.const]
+            for t in acts:  # chain edges: producer -> this node
                 p = self.producer.get(t)
                 if p is not None and self.linear[p]:
                     self.union(p, i)
-            for t in ins:  # sibling edges: earlier linear readers of the same activation
-                if t in self.const:
-                    continue
+            for t in acts:  # sibling edges: earlier linear readers of the same activation
                 for s in self.readers[t]:
                     if s >= i:
                         break
