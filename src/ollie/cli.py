@@ -28,6 +28,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "demo": "run a small end-to-end demonstration",
     "derive": "derive optimized candidates for one expression file",
     "optimize": "optimize a model (path/to/model.onnx or zoo:NAME)",
+    "partition": "show the linear-region partition of a model (zoo:NAME or an .onnx path)",
     "run": "run a saved optimized program on random inputs and report its time",
     "bench": "run benchmarks",
     "zoo": "list the built-in evaluation models",
@@ -49,7 +50,7 @@ def _not_implemented(args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"demo": _cmd_demo}
 _MODULES = {"derive": "ollie.commands.derive", "bench": "ollie.commands.bench",
-            "optimize": "ollie.commands.optimize"}
+            "optimize": "ollie.commands.optimize", "partition": "ollie.commands.partition"}
 _EXTRA = {"run": ("ollie.commands.optimize", "add_run_arguments", "run_program"),
           "zoo": ("ollie.commands.optimize", None, "run_zoo")}
 

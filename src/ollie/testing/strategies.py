@@ -11,6 +11,8 @@ positions.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -28,6 +30,9 @@ from ollie.ir import (
     neg,
     var,
 )
+
+if TYPE_CHECKING:
+    from ollie.graph import Graph
 
 ITER_NAMES = ("i", "j", "k", "l", "m", "p", "q", "u")
 
@@ -158,3 +163,94 @@ def inputs_with_specials(draw, expr: Expr, max_specials: int = 3) -> dict[str, n
         for _ in range(min(count, flat.size)):
             flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
     return out
+
+
+# --------------------------------------------------------------------- linear-region graphs
+LINEAR_STEPS = ("conv3x3", "conv1x1", "conv_transpose", "matmul_const", "matmul_acts", "add",
+                "sub", "mul_const", "div_const", "neg", "batchnorm", "transpose", "reshape2",
+                "avgpool", "concat_conv", "identity")
+"""Steps of :func:`linear_graphs` that emit linear nodes (``ollie.graph.partition``)."""
+BOUNDARY_STEPS = ("relu", "tanh", "sigmoid", "leaky_relu", "abs", "max_acts", "mul_acts",
+                  "maxpool", "softmax")
+"""Steps of :func:`linear_graphs` that emit boundary (non-linear or opaque) nodes."""
+
+
+_BINARY_STEPS = ("matmul_acts", "add", "sub", "concat_conv", "max_acts", "mul_acts")
+_STEP_CLASSES = tuple(tuple(s for s in steps if (s in _BINARY_STEPS) == binary)
+                      for steps in (LINEAR_STEPS, BOUNDARY_STEPS) for binary in (False, True))
+
+
+@st.composite
+def linear_graphs(draw, max_steps: int = 12) -> Graph:
+    """A small random DAG :class:`ollie.graph.Graph` of linear and boundary operators, built
+    with the frontends' ``GraphBuilder``: one or two inputs of one shape ``[1, c, h, h]``
+    (c 1-3, h 2-4), then 1-``max_steps`` steps (:data:`LINEAR_STEPS`, :data:`BOUNDARY_STEPS`;
+    linear or boundary, with one or two operands, each of the four classes equally likely)
+    each reading one or two earlier tensors (the latest one more often, so chains, fan-out and
+    re-joining branches all occur) and producing one tensor of that shape; random constants.
+    The graph outputs are the tensors no step reads, plus maybe one more."""
+    from ollie.frontend.builder import GraphBuilder
+
+    c, h = draw(st.integers(1, 3)), draw(st.integers(2, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    b = GraphBuilder("linear_graph", track_shapes=True)
+    acts = [b.add_input(f"x{k}", (1, c, h, h)) for k in range(draw(st.integers(1, 2)))]
+    read: set[str] = set()
+
+    def operand() -> str:
+        k = len(acts) - 1 if draw(st.booleans()) else draw(st.integers(0, len(acts) - 1))
+        read.add(acts[k])
+        return acts[k]
+
+    def const(*shape: int, positive: bool = False) -> str:
+        v = rng.standard_normal(shape).astype(np.float32)
+        return b.add_const(np.abs(v) + 0.5 if positive else v, "w")
+
+    def conv(x: str, cin: int, k: int) -> str:
+        return b.emit1("Conv2d", [x, const(c, cin, k, k), const(c)],
+                       {"stride": 1, "padding": k // 2}, "conv")
+
+    for _ in range(draw(st.integers(1, max_steps))):
+        step = draw(st.sampled_from(draw(st.sampled_from(_STEP_CLASSES))))
+        x = operand()
+        if step in ("conv3x3", "conv1x1"):
+            y = conv(x, c, 3 if step == "conv3x3" else 1)
+        elif step == "conv_transpose":
+            y = b.emit1("ConvTranspose2d", [x, const(c, c, 3, 3)], {"stride": 1, "padding": 1},
+                        "deconv")
+        elif step == "matmul_const":
+            y = b.emit1("MatMul", [x, const(h, h)], {}, "mm")
+        elif step in ("matmul_acts", "add", "sub", "max_acts", "mul_acts"):
+            op = {"matmul_acts": "MatMul", "add": "Add", "sub": "Sub", "max_acts": "Max",
+                  "mul_acts": "Mul"}[step]
+            y = b.emit1(op, [x, operand()], {}, op.lower())
+        elif step in ("mul_const", "div_const"):
+            y = b.emit1(step[:3].title(), [x, const(positive=True)], {}, step)
+        elif step == "batchnorm":
+            y = b.emit1("BatchNorm", [x, const(c), const(c), const(c), const(c, positive=True)],
+                        {"eps": 1e-5}, "bn")
+        elif step == "transpose":
+            y = b.emit1("Transpose", [x], {"perm": (0, 1, 3, 2)}, "t")
+        elif step == "reshape2":
+            y = b.emit1("Reshape", [b.emit1("Reshape", [x], {"shape": (1, c * h, h)}, "r")],
+                        {"shape": (1, c, h, h)}, "r")
+        elif step in ("avgpool", "maxpool"):
+            op = "AvgPool2d" if step == "avgpool" else "MaxPool2d"
+            y = b.emit1(op, [x], {"kernel_size": 3, "stride": 1, "padding": 1}, "pool")
+        elif step == "concat_conv":
+            y = conv(b.emit1("Concat", [x, operand()], {"axis": 1}, "cat"), 2 * c, 1)
+        elif step == "softmax":
+            y = b.emit1("Softmax", [x], {"axis": 1}, "softmax")
+        elif step == "leaky_relu":
+            y = b.emit1("LeakyRelu", [x], {"alpha": 0.1}, "lrelu")
+        else:
+            y = b.emit1(step.title() if step != "identity" else "Identity", [x], {}, step)
+        acts.append(y)
+    inputs = {name for name, _ in b.inputs}
+    outs = [t for t in acts if t not in read and t not in inputs]
+    extra = draw(st.sampled_from(acts))
+    if extra not in outs and extra not in inputs and draw(st.booleans()):
+        outs.append(extra)
+    for t in outs or [acts[-1]]:
+        b.add_output(t)
+    return b.finish()
