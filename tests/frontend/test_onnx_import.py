@@ -297,6 +297,10 @@ VIEW_CASES = {
                    {"ReduceSum": 1}),
     "reduce_mean": ([N("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1)], {},
                     {"ReduceMean": 1}),
+    "reduce_mean_spatial": ([N("ReduceMean", ["x"], ["y"], axes=[-1], keepdims=0)], {},
+                            {"GlobalAveragePool": 1, "Reshape": 1}),
+    "reduce_mean_spatial_keep": ([N("ReduceMean", ["x"], ["y"], axes=[2], keepdims=1)], {},
+                                 {"GlobalAveragePool": 1}),
 }
 
 

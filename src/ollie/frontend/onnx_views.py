@@ -2,7 +2,8 @@
 ``ReduceMean`` (registered into :data:`ollie.frontend.onnx_ops.CONVERTERS` on import) to the
 graph operators the torch frontend makes of the same calls (:mod:`ollie.lower.window_ops`):
 a multi-axis ``Slice`` becomes one ``Slice`` per sliced axis, a ``Split`` one ``Slice`` per
-output.
+output, and a ``ReduceMean`` over the spatial axes of a rank >= 3 tensor a
+``GlobalAveragePool``.
 
 Starts, ends, axes, steps, split sizes, pads and shapes must be constants; a negative step,
 a padding mode other than ``constant``, a non-zero pad value, a negative pad, a rank-0
@@ -112,7 +113,8 @@ def _pad(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
         if len(node.input) > 2 and node.input[2]:
             v = imp.const(node.input[2])
             require(v is not None, "the pad value is not a constant")
-            value = float(np.asarray(v).reshape(-1)[0]) if np.size(v) else 0.0
+            flat = np.asarray(v).reshape(-1)
+            value = float(flat[0]) if flat.size else 0.0
         axes = [_norm(x, rank) for x in (_const_ints(imp, node, 3, "axes") or range(rank))]
     require(value == 0.0, f"padding with {value}, not 0")
     require(len(pads) == 2 * len(axes) and min(pads, default=0) >= 0,
@@ -148,7 +150,14 @@ def _reduce(op: str) -> Any:
             axes = list(range(rank))
         keep = int(a.get("keepdims", 1))
         norm = sorted({_norm(int(x), rank) for x in axes})
-        require(keep or len(norm) < rank, "a rank-0 result")
+        require(bool(keep) or len(norm) < rank, "a rank-0 result")
+        if op == "ReduceMean" and rank >= 3 and norm == list(range(2, rank)):
+            # the mean over the spatial axes, as the torch frontend imports it
+            xs = imp.shape(node.input[0])
+            y = imp.emit("GlobalAveragePool", node, node.input[:1], {},
+                         hint=None if keep else f"{node.output[0]}_gap")
+            return [y if keep else imp.emit("Reshape", node, [y], {"shape": xs[:2]},
+                                            resolved=True)]
         return [imp.emit(op, node, node.input[:1], {"axes": tuple(norm), "keepdims": keep})]
 
     return convert

@@ -54,10 +54,17 @@ def _int(op: str, attr: str, value: object) -> int:
 
 def _ints(op: str, attr: str, value: object) -> tuple[int, ...]:
     try:
-        return tuple(_int(op, attr, v) for v in value)  # type: ignore[union-attr]
+        return tuple(_int(op, attr, v) for v in value)  # type: ignore[attr-defined]
     except TypeError:
         raise UnsupportedError(f"{op}: attribute '{attr}' must be a sequence of ints, "
                                f"got {value!r}") from None
+
+
+def _one(op: str, inputs: Sequence[Input]) -> Input:
+    """The single input ``X`` of ``op``."""
+    (x,) = take_inputs(op, inputs, ("X",))
+    assert x is not None
+    return x
 
 
 def slice_bounds(size: int, start: int | None, end: int | None, step: int
@@ -71,7 +78,7 @@ def slice_(inputs: Sequence[Input], *, axis: object, start: object = 0,
            end: object = None, step: object = 1) -> Lowered:
     """``Slice`` of one axis: output position ``i`` reads ``X[..., start + step*i, ...]``."""
     op = "Slice"
-    (x,) = take_inputs(op, inputs, ("X",))
+    x = _one(op, inputs)
     sx = x[1]
     a = axis_index(op, "axis", axis, len(sx))
     st = _int(op, "step", step)
@@ -92,7 +99,7 @@ def pad(inputs: Sequence[Input], *, pads: object) -> Lowered:
     """``Pad`` with zeros: ``pads`` = (begin_0, ..., begin_{r-1}, end_0, ..., end_{r-1}),
     all >= 0."""
     op = "Pad"
-    (x,) = take_inputs(op, inputs, ("X",))
+    x = _one(op, inputs)
     sx = x[1]
     p = _ints(op, "pads", pads)
     rank = len(sx)
@@ -108,7 +115,7 @@ def pad(inputs: Sequence[Input], *, pads: object) -> Lowered:
 def expand(inputs: Sequence[Input], *, shape: object) -> Lowered:
     """``Expand`` (ONNX): X broadcast with ``shape``; dimensions of size 1 are repeated."""
     op = "Expand"
-    (x,) = take_inputs(op, inputs, ("X",))
+    x = _one(op, inputs)
     target = _ints(op, "shape", shape)
     if not target or any(d < 1 for d in target):
         raise UnsupportedError(f"{op}: attribute 'shape'={shape!r} must hold ints >= 1")
@@ -125,7 +132,7 @@ def unfold(inputs: Sequence[Input], *, axis: object, size: object, step: object)
         Y[..., i, ..., j] = X[..., step*i + j, ...]
     """
     op = "Unfold"
-    (x,) = take_inputs(op, inputs, ("X",))
+    x = _one(op, inputs)
     sx = x[1]
     a = axis_index(op, "axis", axis, len(sx))
     sz, st = _int(op, "size", size), _int(op, "step", step)
@@ -175,11 +182,11 @@ def _reduce(op: str, x: Input, axes: object, keepdims: object, mean: bool) -> Lo
 
 def reduce_sum(inputs: Sequence[Input], *, axes: object, keepdims: object = 1) -> Lowered:
     """``ReduceSum`` over ``axes`` (``keepdims``: reduced axes stay, of size 1)."""
-    (x,) = take_inputs("ReduceSum", inputs, ("X",))
+    x = _one("ReduceSum", inputs)
     return _reduce("ReduceSum", x, axes, keepdims, mean=False)
 
 
 def reduce_mean(inputs: Sequence[Input], *, axes: object, keepdims: object = 1) -> Lowered:
     """``ReduceMean`` over ``axes``: the sum times the reciprocal of the reduced size."""
-    (x,) = take_inputs("ReduceMean", inputs, ("X",))
+    x = _one("ReduceMean", inputs)
     return _reduce("ReduceMean", x, axes, keepdims, mean=True)
