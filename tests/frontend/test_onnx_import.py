@@ -273,3 +273,46 @@ def test_torch_export_with_dynamic_batch(tmp_path) -> None:
     x = torch.randn(5, 3, 4)
     with torch.no_grad():
         torch.testing.assert_close(graph(x), module(x))
+
+
+# --------------------------------------------------------------------- slicing, padding, reductions
+def _i64(*v: int) -> np.ndarray:
+    return np.asarray(v, dtype=np.int64)
+
+
+VIEW_CASES = {
+    "slice_two_axes_step": ([N("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+                            {"s": _i64(1, -4), "e": _i64(6, 100), "a": _i64(1, -1),
+                             "st": _i64(2, 1)}, {"Slice": 2}),
+    "slice_full_axis": ([N("Slice", ["x", "s", "e"], ["y"])],
+                        {"s": _i64(0, 1), "e": _i64(9, 3)}, {"Slice": 1}),
+    "split_unequal": ([N("Split", ["x", "sp"], ["y", "z"], axis=-1)], {"sp": _i64(2, 4)},
+                      {"Slice": 2}),
+    "split_even": ([N("Split", ["x"], ["y", "z", "w"], axis=1)], {}, {"Slice": 3}),
+    "pad": ([N("Pad", ["x", "p"], ["y"])], {"p": _i64(0, 1, 2, 1, 0, 3)}, {"Pad": 1}),
+    "expand": ([N("ReduceSum", ["x", "ax"], ["r"], keepdims=1),
+                N("Expand", ["r", "shp"], ["y"])],
+               {"ax": _i64(1), "shp": _i64(2, 1, 1, 1)}, {"ReduceSum": 1, "Expand": 1}),
+    "reduce_sum": ([N("ReduceSum", ["x", "ax"], ["y"], keepdims=0)], {"ax": _i64(0, -1)},
+                   {"ReduceSum": 1}),
+    "reduce_mean": ([N("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1)], {},
+                    {"ReduceMean": 1}),
+    "reduce_mean_spatial": ([N("ReduceMean", ["x"], ["y"], axes=[-1], keepdims=0)], {},
+                            {"GlobalAveragePool": 1, "Reshape": 1}),
+    "reduce_mean_spatial_keep": ([N("ReduceMean", ["x"], ["y"], axes=[2], keepdims=1)], {},
+                                 {"GlobalAveragePool": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEW_CASES))
+def test_view_and_reduction_operators(name: str) -> None:
+    nodes, inits, ops = VIEW_CASES[name]
+    outs = [o for o in nodes[-1].output]
+    x = rand(2, 6, 6)
+    check(make(nodes, {"x": (2, 6, 6)}, outs, inits), {"x": x}, ops)
+
+
+def test_pad_with_a_value_stays_opaque() -> None:
+    nodes = [N("Pad", ["x", "p", "v"], ["y"])]
+    inits = {"p": _i64(1, 1), "v": np.asarray(2.0, dtype=np.float32)}
+    check(make(nodes, {"x": (4,)}, ["y"], inits), {"x": rand(4)}, {"Opaque[Pad]": 1})

@@ -153,3 +153,90 @@ def test_factory_constants_are_folded() -> None:
 
     graph = check(M(), torch.randn(3, 4), ops={"Mul": 1, "Add": 1})
     assert any(np.allclose(v, [0, 0.5, 1, 1.5]) for v in graph.initializers.values())
+
+
+# --------------------------------------------------------------------- slicing, padding, reductions
+class Lambda(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor):
+        return self.fn(*xs)
+
+
+def _no_opaque(graph) -> None:
+    assert not [n.describe() for n in graph.nodes if n.opaque]
+
+
+@pytest.mark.parametrize(("name", "fn", "op"), [
+    ("split_sizes", lambda x: x.split([3, 1, 2], dim=-1), "Slice"),
+    ("split_int_unequal", lambda x: torch.split(x, 4, dim=2), "Slice"),
+    ("chunk_unequal", lambda x: x.chunk(4, dim=1), "Slice"),
+    ("chunk_neg_dim", lambda x: torch.chunk(x, 2, dim=-2), "Slice"),
+    ("unbind", lambda x: x.unbind(1), "Slice"),
+    ("select_neg", lambda x: x.select(-1, -2) * 2, "Slice"),
+    ("select_first", lambda x: x[:, 0] + 1, "Slice"),
+    ("slice_step", lambda x: x[:, 1:5:2, ::3], "Slice"),
+    ("slice_neg", lambda x: x[..., -4:-1], "Slice"),
+    ("narrow", lambda x: x.narrow(-1, 2, 3), "Slice"),
+    ("unflatten", lambda x: x.unflatten(-1, (3, 2)) * 2, "Reshape"),
+    ("unsqueeze_squeeze", lambda x: x.unsqueeze(-2).relu().squeeze(-2), "Reshape"),
+    ("expand", lambda x: x[:, :1].expand(2, 5, 6) + 0, "Expand"),
+    ("expand_new_dims", lambda x: x.mean(1).unsqueeze(1).expand(-1, 5, -1) * x, "Expand"),
+    ("pad", lambda x: F.pad(x, (1, 2, 0, 3)), "Pad"),
+    ("constant_pad_nd", lambda x: torch.constant_pad_nd(x, [2, 0]), "Pad"),
+    ("unfold", lambda x: x.unfold(1, 2, 2).relu(), "Unfold"),
+    ("unfold_neg_dim", lambda x: x.unfold(-1, 3, 1) * 2, "Unfold"),
+    ("sum", lambda x: x.sum(-1), "ReduceSum"),
+    ("sum_keep", lambda x: x.sum(dim=(0, 2), keepdim=True), "ReduceSum"),
+    ("mean", lambda x: x.mean(dim=1, keepdim=True), "ReduceMean"),
+    ("mean_spatial", lambda x: x.mean(dim=-1), "GlobalAveragePool"),
+    ("mean_two", lambda x: x.mean(dim=(-1, 0)), "ReduceMean"),
+])
+def test_view_and_reduction_ops(name: str, fn, op: str) -> None:
+    graph = check(Lambda(fn), torch.randn(2, 5, 6))
+    _no_opaque(graph)
+    assert op in graph.op_counts(), graph.op_counts()
+
+
+def test_split_emits_only_the_used_pieces() -> None:
+    graph = check(Lambda(lambda x: x.chunk(3, dim=-1)[1] * 2), torch.randn(2, 5, 6))
+    assert graph.op_counts() == {"Mul": 1, "Slice": 1}
+
+
+def test_full_slices_and_zero_pads_are_the_input() -> None:
+    graph = check(Lambda(lambda x: F.pad(x[:, :, 0:100], (0, 0)).expand(2, 5, 6).relu()),
+                  torch.randn(2, 5, 6))
+    assert graph.op_counts() == {"Relu": 1}
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.pad(x, (1, 1), value=1.0),
+    lambda x: F.pad(x, (-1, 1)),
+    lambda x: F.pad(x, (1, 1), mode="reflect"),
+    lambda x: x.sum(),
+])
+def test_unsupported_forms_stay_opaque(fn) -> None:
+    graph = check(Lambda(fn), torch.randn(2, 5, 6))
+    assert any(n.op == "Opaque" for n in graph.nodes)
+
+
+def test_dilated_window_attention_in_plain_torch() -> None:
+    def band(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        w, d = 2, 2
+        kp = F.pad(k, (0, 0, w * d, w * d))
+        kw = kp.unfold(1, 2 * w * d + 1, 1)[..., ::d]  # [b, m, c, 2w+1]
+        return (q.unsqueeze(-1) * kw).sum(-2)
+
+    graph = check(Lambda(band), torch.randn(2, 9, 4), torch.randn(2, 9, 4))
+    _no_opaque(graph)
+    assert {"Pad", "Unfold", "Slice", "ReduceSum"} <= set(graph.op_counts())
+
+
+def test_multihead_attention_block_keeps_only_its_boundaries_opaque() -> None:
+    from vit_block import ViTBlock
+
+    graph = check(ViTBlock(dim=16, heads=2, mlp=32), torch.randn(2, 5, 16))
+    kinds = sorted(n.attrs.get("op_type", n.op) for n in graph.nodes if n.opaque)
+    assert set(kinds) <= {"gelu", "layer_norm", "scaled_dot_product_attention"}, kinds

@@ -65,6 +65,29 @@ def test_from_onnx(name: str) -> None:
     check_lowering(graph)
 
 
+TRANSFORMERS = {
+    "bert": ({"seq": 32, "hidden": 64, "heads": 4, "ffn": 128},
+             {"Add": 8, "Div": 1, "MatMul": 8, "Opaque[gelu]": 1, "Opaque[layer_norm]": 2,
+              "Reshape": 4, "Softmax": 1, "Transpose": 5}),
+    "longformer_plain": ({"seq": 48, "width": 3, "dilation": 2},
+                         {"Add": 6, "MatMul": 5, "Mul": 2, "Pad": 2, "ReduceSum": 2, "Relu": 2,
+                          "Reshape": 10, "Slice": 2, "Softmax": 1, "Transpose": 4,
+                          "Unfold": 2}),
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_transformers_from_torch(name: str) -> None:
+    options, ops = TRANSFORMERS[name]
+    module, (x,) = zoo.get(name, batch=2, **options)
+    graph = from_torch(module, (x,), name=name)
+    assert graph.op_counts() == ops
+    with torch.no_grad():
+        y = module(x)
+    assert rel_err(graph(x), y) < REL_TOL
+    assert check_lowering(graph) == len(graph.lowerable_nodes())
+
+
 def test_onnx_file_and_onnxruntime_baseline(tmp_path) -> None:
     import onnxruntime as ort
 

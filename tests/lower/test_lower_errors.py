@@ -28,6 +28,12 @@ EXAMPLES: dict[str, tuple[list, dict]] = {
     "Flatten": ([("X", (2, 3, 4))], {"axis": 2}),
     "Transpose": ([("X", (2, 3, 4))], {"perm": (2, 0, 1)}),
     "Concat": ([("X", (2, 3)), ("Y", (2, 1))], {"axis": 1}),
+    "Slice": ([("X", (2, 6))], {"axis": -1, "start": 1, "end": 6, "step": 2}),
+    "Pad": ([("X", (2, 3))], {"pads": (0, 1, 2, 0)}),
+    "Expand": ([("X", (1, 3))], {"shape": (2, 1)}),
+    "Unfold": ([("X", (2, 6))], {"axis": 1, "size": 3, "step": 2}),
+    "ReduceSum": ([("X", (2, 3, 4))], {"axes": (0, 2), "keepdims": 0}),
+    "ReduceMean": ([("X", (2, 3, 4))], {"axes": (-1,)}),
     "AvgPool2d": ([("X", (1, 2, 5, 5))], {"kernel_size": 2}),
     "GlobalAveragePool": ([("X", (1, 2, 5, 5))], {}),
 }

@@ -170,6 +170,22 @@ def test_a_view_past_its_operand_is_refused(tmp_path):
         ollie.load(tmp_path)
 
 
+def test_a_slice_alias_round_trips_and_one_past_its_operand_is_refused(tmp_path):
+    """A slice that is a contiguous block of its input is a zero-copy Alias with fewer
+    elements than the input; its view must lie within the input."""
+    e = ollie.parse("A: [3, 4]\nL<i0=0:2, i1=0:4> A[i0 + 1, i1]")
+    kernel = Kernel("Alias", {"view": [4, [2, 4], [4, 1]]}, ("A",), "y", e)
+    Program((("A", (3, 4)),), ("y",), [kernel]).save(tmp_path)
+    a = torch.randn(3, 4)
+    assert torch.equal(ollie.load(tmp_path)(a), a[1:])
+    _edit(tmp_path, lambda d: d["kernels"][0]["params"]["view"].__setitem__(0, 5))
+    with pytest.raises(ollie.OllieError, match="reads element 12"):
+        ollie.load(tmp_path)
+    _edit(tmp_path, lambda d: d["kernels"][0]["params"]["view"].__setitem__(1, [1, 4]))
+    with pytest.raises(ollie.OllieError, match="alias view of sizes"):
+        ollie.load(tmp_path)
+
+
 def test_truncated_or_foreign_files_are_refused(tmp_path):
     path, _, _ = _saved(tmp_path)
     (path / "program.json").write_text((path / "program.json").read_text()[:100])

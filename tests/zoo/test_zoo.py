@@ -102,3 +102,49 @@ def test_errors() -> None:
     with pytest.raises(OllieError, match="batch"):
         zoo.get("srcnn", batch=0)
     assert zoo.get("zoo:csrnet")[1][0].shape == (1, 512, 14, 14)
+
+
+SMALL_BERT = {"seq": 32, "hidden": 64, "heads": 4, "ffn": 128}
+
+
+def test_transformer_extras_are_models_but_not_paper_names() -> None:
+    assert {"bert", "longformer_plain"} <= set(zoo.MODELS)
+    assert not {"bert", "longformer_plain"} & set(zoo.NAMES)
+    assert zoo.MODELS["bert"].options == {"seq": 128, "hidden": 768, "heads": 12, "ffn": 3072}
+    assert zoo.MODELS["longformer_plain"].options == {"seq": 1024, "width": 64, "dilation": 4}
+
+
+def test_bert_layer_builds_and_stays_order_one() -> None:
+    module, (x,) = zoo.get("bert", batch=2, **SMALL_BERT)
+    assert tuple(x.shape) == (2, 32, 64) == zoo.MODELS["bert"].output_shape(2, **SMALL_BERT)
+    with torch.no_grad():
+        y = module(x)
+    assert tuple(y.shape) == (2, 32, 64)
+    assert torch.isfinite(y).all() and 0.05 < float(y.std()) < 20.0
+    kinds = [type(m).__name__ for m in module.modules()]
+    assert kinds.count("Linear") == 6 and kinds.count("LayerNorm") == 2
+
+
+@pytest.mark.parametrize(("seq", "width", "dilation"), [(40, 3, 2), (17, 2, 3), (9, 4, 1)])
+def test_plain_longformer_computes_the_custom_band_ops(seq: int, width: int,
+                                                       dilation: int) -> None:
+    opts = {"seq": seq, "width": width, "dilation": dilation}
+    custom, (x,) = zoo.get("longformer", batch=2, **opts)
+    plain, (xp,) = zoo.get("longformer_plain", batch=2, **opts)
+    assert torch.equal(x, xp)
+    for (na, pa), (nb, pb) in zip(custom.state_dict().items(), plain.state_dict().items(),
+                                  strict=True):
+        assert na == nb and torch.equal(pa, pb)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), custom(x), rtol=1e-5, atol=1e-5)
+
+
+def test_plain_band_ops_match_the_references() -> None:
+    from ollie.zoo.longformer import g2bmm_torch, gbmm_torch
+    from ollie.zoo.ops import g2bmm_reference, gbmm_reference
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 11, 5, generator=gen) for _ in range(3))
+    s = g2bmm_torch(q, k, 2, 3)
+    torch.testing.assert_close(s, g2bmm_reference(q, k, 2, 3))
+    torch.testing.assert_close(gbmm_torch(s, v, 2, 3), gbmm_reference(s, v, 2, 3))

@@ -41,7 +41,7 @@ def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] 
 
         name = spec[4:]
         if name not in ollie.zoo.MODELS:
-            raise OllieError(f"unknown zoo model '{name}' (known: {', '.join(ollie.zoo.NAMES)})")
+            raise OllieError(f"unknown zoo model '{name}' (known: {', '.join(ollie.zoo.MODELS)})")
         module, inputs = ollie.zoo.get(name, batch=batch)
         return module, tuple(inputs), name
     path = Path(spec)

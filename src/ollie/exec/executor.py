@@ -41,7 +41,8 @@ PROFILE_CALLS = 20
 """Calls of a kernel captured in one CUDA graph by :meth:`CompiledProgram.profile`."""
 
 
-VIEW_OPS = ("Opaque", "Reshape", "Flatten", "Transpose", "Identity")
+VIEW_OPS = ("Opaque", "Reshape", "Flatten", "Transpose", "Identity", "Slice", "Expand",
+            "Unfold")
 """Graph operators whose reference implementation may return a view of an input."""
 
 CONV_OUT_MIN_BYTES = 8 << 20

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ollie.errors import OllieError, ShapeError, UnsupportedError
+from ollie.frontend import onnx_views  # noqa: F401 - registers its CONVERTERS entries
 from ollie.frontend.builder import GraphBuilder
 from ollie.frontend.onnx_fold import NONDETERMINISTIC, fold_node
 from ollie.frontend.onnx_ops import CONVERTERS, Fallback

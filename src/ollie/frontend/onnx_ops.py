@@ -27,7 +27,8 @@ class Fallback(Exception):
     """Keep this node opaque."""
 
 
-def _reg(*names: str, domain: str = "") -> Callable[[Converter], Converter]:
+def register(*names: str, domain: str = "") -> Callable[[Converter], Converter]:
+    """Decorator: register a converter under each ONNX op type of ``domain``."""
     def deco(fn: Converter) -> Converter:
         for n in names:
             CONVERTERS[(domain, n)] = fn
@@ -36,15 +37,17 @@ def _reg(*names: str, domain: str = "") -> Callable[[Converter], Converter]:
     return deco
 
 
-def _require(cond: bool, why: str) -> None:
+def require(cond: bool, why: str) -> None:
+    """Raise :class:`Fallback` with ``why`` unless ``cond``."""
     if not cond:
         raise Fallback(why)
 
 
-def _float_io(imp: OnnxImporter, node: Any) -> None:
+def float_io(imp: OnnxImporter, node: Any) -> None:
+    """Fall back unless every input of ``node`` is a floating-point tensor."""
     for i in node.input:
         if i:
-            _require(imp.dtype(i) in _FLOATS, f"input '{i}' is not floating point")
+            require(imp.dtype(i) in _FLOATS, f"input '{i}' is not floating point")
 
 
 # --------------------------------------------------------------------- padding rules
@@ -77,7 +80,7 @@ def _spatial_attrs(imp: OnnxImporter, node: Any, a: dict[str, Any], kernel: tupl
     else:
         sizes = imp.shape(node.input[0])[2:]
         pads = _auto_pads(auto_pad, tuple(sizes), kernel, strides, dilations)  # type: ignore
-    _require(len(pads) == 4 and len(strides) == 2 and len(dilations) == 2, "not 2-D")
+    require(len(pads) == 4 and len(strides) == 2 and len(dilations) == 2, "not 2-D")
     return strides, dilations, (pads[0], pads[1], pads[2], pads[3])
 
 
@@ -86,22 +89,22 @@ def _padding_attr(p: tuple[int, int, int, int]) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------- convolutions
-@_reg("Conv")
+@register("Conv")
 def _conv(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     w = imp.shape(node.input[1])
-    _require(len(w) == 4 and len(imp.shape(node.input[0])) == 4, "only 2-D convolutions")
+    require(len(w) == 4 and len(imp.shape(node.input[0])) == 4, "only 2-D convolutions")
     strides, dilations, pads = _spatial_attrs(imp, node, a, w[2:])
     attrs = {"stride": strides, "dilation": dilations, "padding": _padding_attr(pads),
              "groups": int(a.get("group", 1))}
     return [imp.emit("Conv2d", node, node.input, attrs)]
 
 
-@_reg("ConvTranspose")
+@register("ConvTranspose")
 def _conv_transpose(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     xs, w = imp.shape(node.input[0]), imp.shape(node.input[1])
-    _require(len(w) == 4 and len(xs) == 4, "only 2-D transposed convolutions")
+    require(len(w) == 4 and len(xs) == 4, "only 2-D transposed convolutions")
     strides = tuple(a.get("strides", (1, 1)))
     dilations = tuple(a.get("dilations", (1, 1)))
     out_pad = tuple(a.get("output_padding", (0, 0)))
@@ -115,7 +118,7 @@ def _conv_transpose(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
         for i in range(2):
             full = strides[i] * (xs[2 + i] - 1) + out_pad[i] + (w[2 + i] - 1) * dilations[i] + 1
             total = full - targets[i]
-            _require(total >= 0, "output_shape larger than the full output")
+            require(total >= 0, "output_shape larger than the full output")
             small, big = total // 2, total - total // 2
             upper = auto_pad == "SAME_UPPER"
             begins.append(small if upper else big)
@@ -132,13 +135,13 @@ def _conv_transpose(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
 
 
 # --------------------------------------------------------------------- matmul family
-@_reg("Gemm")
+@register("Gemm")
 def _gemm(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     ins = [i for i in node.input if i]
     if len(ins) == 3 and len(imp.shape(ins[2])) == 0:
         c = imp.const(ins[2])
-        _require(c is not None, "scalar C that is not a constant")
+        require(c is not None, "scalar C that is not a constant")
         names = [imp.value(ins[0]), imp.value(ins[1]),
                  imp.b.add_const(np.reshape(c, (1,)), f"{ins[2]}_1d")]
         return [imp.emit("Gemm", node, names, _gemm_attrs(a), resolved=True)]
@@ -150,9 +153,9 @@ def _gemm_attrs(a: dict[str, Any]) -> dict[str, Any]:
             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
 
 
-@_reg("MatMul")
+@register("MatMul")
 def _matmul(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     return [imp.emit("MatMul", node, node.input, {})]
 
 
@@ -172,7 +175,7 @@ for _dom in ("ollie", "ai.ollie"):
 # --------------------------------------------------------------------- element-wise
 def _unary(op: str) -> Converter:
     def conv(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-        _float_io(imp, node)
+        float_io(imp, node)
         return [imp.emit(op, node, node.input[:1], {})]
 
     return conv
@@ -182,9 +185,9 @@ for _name in ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg"):
     CONVERTERS[("", _name)] = _unary(_name)
 
 
-@_reg("LeakyRelu")
+@register("LeakyRelu")
 def _leaky(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     return [imp.emit("LeakyRelu", node, node.input, {"alpha": float(a.get("alpha", 0.01))})]
 
 
@@ -194,36 +197,36 @@ def _scalar_input(imp: OnnxImporter, node: Any, k: int, what: str) -> float | No
     if not name:
         return None
     v = imp.const(name)
-    _require(v is not None and np.size(v) == 1, f"{what} is not a constant scalar")
+    require(v is not None and np.size(v) == 1, f"{what} is not a constant scalar")
     return float(np.asarray(v).reshape(()))
 
 
-@_reg("Clip")
+@register("Clip")
 def _clip(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     lo = _scalar_input(imp, node, 1, "min") if "min" not in a else float(a["min"])
     hi = _scalar_input(imp, node, 2, "max") if "max" not in a else float(a["max"])
     return [imp.b.clip(imp.value(node.input[0]), lo, hi, node.output[0])]
 
 
-@_reg("HardSigmoid")
+@register("HardSigmoid")
 def _hard_sigmoid(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     return [imp.b.hard_sigmoid(imp.value(node.input[0]), float(a.get("alpha", 0.2)),
                                float(a.get("beta", 0.5)), node.output[0])]
 
 
-@_reg("HardSwish")
+@register("HardSwish")
 def _hard_swish(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     return [imp.b.hard_swish(imp.value(node.input[0]), node.output[0])]
 
 
 def _variadic(op: str) -> Converter:
     def conv(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-        _float_io(imp, node)
+        float_io(imp, node)
         ins = [i for i in node.input if i]
-        _require(len(ins) >= 1, "no inputs")
+        require(len(ins) >= 1, "no inputs")
         if len(ins) == 1:
             return [imp.value(ins[0])]
         acc = imp.value(ins[0])
@@ -242,13 +245,13 @@ for _name, _op in (("Add", "Add"), ("Sub", "Sub"), ("Mul", "Mul"), ("Div", "Div"
 
 
 # --------------------------------------------------------------------- normalisation
-@_reg("BatchNormalization")
+@register("BatchNormalization")
 def _batch_norm(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
-    _require(not a.get("training_mode", 0), "training-mode BatchNormalization")
-    _require(all(not o for o in node.output[1:]), "statistics outputs used")
-    _require(len(imp.shape(node.input[0])) >= 2, "rank < 2")
-    _require(all(imp.const(i) is not None for i in node.input[1:5]),
+    float_io(imp, node)
+    require(not a.get("training_mode", 0), "training-mode BatchNormalization")
+    require(all(not o for o in node.output[1:]), "statistics outputs used")
+    require(len(imp.shape(node.input[0])) >= 2, "rank < 2")
+    require(all(imp.const(i) is not None for i in node.input[1:5]),
              "statistics are not constants")
     attrs = {"eps": float(a.get("epsilon", 1e-5))}
     return [imp.emit("BatchNorm", node, node.input[:5], attrs)]
@@ -271,71 +274,71 @@ def _onnx_pool_out(size: int, k: int, s: int, lo: int, hi: int, ceil_mode: bool)
 def _pool_common(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> dict[str, Any]:
     xs = imp.shape(node.input[0])
     kernel = tuple(a["kernel_shape"])
-    _require(len(xs) == 4 and len(kernel) == 2, "only 2-D pooling")
+    require(len(xs) == 4 and len(kernel) == 2, "only 2-D pooling")
     strides, dilations, pads = _spatial_attrs(imp, node, a, kernel)
     ceil_mode = bool(a.get("ceil_mode", 0))
     if ceil_mode:  # PyTorch drops a last window starting in the trailing padding; ONNX may not
         for i in range(2):
             ek = dilations[i] * (kernel[i] - 1) + 1
             args = (xs[2 + i], ek, strides[i], pads[i], pads[2 + i], True)
-            _require(_pool_out(*args) == _onnx_pool_out(*args), "ceil_mode window rule")
+            require(_pool_out(*args) == _onnx_pool_out(*args), "ceil_mode window rule")
     return {"kernel_size": kernel, "stride": strides, "padding": _padding_attr(pads),
             "ceil_mode": ceil_mode, "dilation": dilations}
 
 
-@_reg("MaxPool")
+@register("MaxPool")
 def _max_pool(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
-    _require(len(node.output) < 2 or not node.output[1], "indices output used")
-    _require(not a.get("storage_order", 0), "storage_order")
+    float_io(imp, node)
+    require(len(node.output) < 2 or not node.output[1], "indices output used")
+    require(not a.get("storage_order", 0), "storage_order")
     attrs = _pool_common(imp, node, a)
     return [imp.emit("MaxPool2d", node, node.input[:1], attrs)]
 
 
-@_reg("AveragePool")
+@register("AveragePool")
 def _avg_pool(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     attrs = _pool_common(imp, node, a)
-    _require(attrs.pop("dilation") == (1, 1), "dilated average pooling")
+    require(attrs.pop("dilation") == (1, 1), "dilated average pooling")
     attrs["count_include_pad"] = bool(a.get("count_include_pad", 0))
     return [imp.emit("AvgPool2d", node, node.input[:1], attrs)]
 
 
-@_reg("GlobalAveragePool")
+@register("GlobalAveragePool")
 def _gap(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
-    _require(len(imp.shape(node.input[0])) >= 3, "rank < 3")
+    float_io(imp, node)
+    require(len(imp.shape(node.input[0])) >= 3, "rank < 3")
     return [imp.emit("GlobalAveragePool", node, node.input, {})]
 
 
-@_reg("Softmax")
+@register("Softmax")
 def _softmax(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _float_io(imp, node)
+    float_io(imp, node)
     rank = len(imp.shape(node.input[0]))
     old = imp.opset < 13
     axis = int(a.get("axis", 1 if old else -1))
     axis = axis + rank if axis < 0 else axis
-    _require(not old or axis == rank - 1, "opset < 13 softmax over several axes")
+    require(not old or axis == rank - 1, "opset < 13 softmax over several axes")
     return [imp.emit("Softmax", node, node.input, {"axis": axis})]
 
 
 # --------------------------------------------------------------------- data movement
 def _reshape_to(imp: OnnxImporter, node: Any, target: tuple[int, ...]) -> Result:
     x = node.input[0]
-    _require(len(target) > 0, "reshape to a scalar")
+    require(len(target) > 0, "reshape to a scalar")
     if target == imp.shape(x):
         return [imp.value(x)]
     return [imp.emit("Reshape", node, [x], {"shape": target})]
 
 
-@_reg("Reshape")
+@register("Reshape")
 def _reshape(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     spec = imp.const(node.input[1])
-    _require(spec is not None, "shape is not a constant")
+    require(spec is not None, "shape is not a constant")
     xs = imp.shape(node.input[0])
     dims = [int(d) for d in np.asarray(spec).reshape(-1)]
     if a.get("allowzero", 0):
-        _require(0 not in dims, "allowzero with a zero dimension")
+        require(0 not in dims, "allowzero with a zero dimension")
     dims = [xs[k] if d == 0 else d for k, d in enumerate(dims)]
     if -1 in dims:
         known = math.prod(d for d in dims if d != -1)
@@ -347,37 +350,38 @@ def _reshape(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return _reshape_to(imp, node, tuple(dims))
 
 
-def _axes(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> list[int] | None:
+def const_axes(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> list[int] | None:
+    """The ``axes`` attribute, or the constant second input; None when neither is given."""
     if "axes" in a:
         return [int(v) for v in a["axes"]]
     if len(node.input) > 1 and node.input[1]:
         v = imp.const(node.input[1])
-        _require(v is not None, "axes are not constants")
+        require(v is not None, "axes are not constants")
         return [int(x) for x in np.asarray(v).reshape(-1)]
     return None
 
 
-@_reg("Squeeze")
+@register("Squeeze")
 def _squeeze(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     xs = imp.shape(node.input[0])
-    axes = _axes(imp, node, a)
+    axes = const_axes(imp, node, a)
     drop = {k for k, d in enumerate(xs) if d == 1} if axes is None else \
         {ax + len(xs) if ax < 0 else ax for ax in axes}
     return _reshape_to(imp, node, tuple(d for k, d in enumerate(xs) if k not in drop))
 
 
-@_reg("Unsqueeze")
+@register("Unsqueeze")
 def _unsqueeze(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     xs = list(imp.shape(node.input[0]))
-    axes = _axes(imp, node, a)
-    _require(axes is not None, "no axes")
+    axes = const_axes(imp, node, a)
+    require(axes is not None, "no axes")
     rank = len(xs) + len(axes)  # type: ignore[arg-type]
     for ax in sorted(ax + rank if ax < 0 else ax for ax in axes):  # type: ignore[union-attr]
         xs.insert(ax, 1)
     return _reshape_to(imp, node, tuple(xs))
 
 
-@_reg("Flatten")
+@register("Flatten")
 def _flatten(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     rank = len(imp.shape(node.input[0]))
     axis = int(a.get("axis", 1))
@@ -385,7 +389,7 @@ def _flatten(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return [imp.emit("Flatten", node, node.input, {"axis": axis})]
 
 
-@_reg("Transpose")
+@register("Transpose")
 def _transpose(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     rank = len(imp.shape(node.input[0]))
     perm = tuple(int(p) for p in a.get("perm", range(rank - 1, -1, -1)))
@@ -394,10 +398,10 @@ def _transpose(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return [imp.emit("Transpose", node, node.input, {"perm": perm})]
 
 
-@_reg("Concat")
+@register("Concat")
 def _concat(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     ins = [i for i in node.input if i and math.prod(imp.shape(i)) > 0]
-    _require(len(ins) > 0, "all inputs empty")
+    require(len(ins) > 0, "all inputs empty")
     if len(ins) == 1:
         return [imp.value(ins[0])]
     rank = len(imp.shape(ins[0]))
@@ -405,24 +409,24 @@ def _concat(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return [imp.emit("Concat", node, ins, {"axis": axis + rank if axis < 0 else axis})]
 
 
-@_reg("Identity")
+@register("Identity")
 def _identity(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     return [imp.value(node.input[0])]
 
 
-@_reg("Dropout")
+@register("Dropout")
 def _dropout(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
-    _require(len(node.output) < 2 or not node.output[1], "mask output used")
+    require(len(node.output) < 2 or not node.output[1], "mask output used")
     if len(node.input) > 2 and node.input[2]:
         training = imp.const(node.input[2])
-        _require(training is not None and not bool(np.asarray(training)), "training mode")
+        require(training is not None and not bool(np.asarray(training)), "training mode")
     return [imp.value(node.input[0])]
 
 
-@_reg("Cast")
+@register("Cast")
 def _cast(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     from onnx import helper
 
     to = str(np.dtype(helper.tensor_dtype_to_np_dtype(int(a["to"]))))
-    _require(to == imp.dtype(node.input[0]), "a real conversion")
+    require(to == imp.dtype(node.input[0]), "a real conversion")
     return [imp.value(node.input[0])]

@@ -22,6 +22,7 @@ from torch import fx
 
 import ollie.zoo.ops  # noqa: F401 - registers torch.ops.ollie.*
 from ollie.errors import OllieError, ShapeError, UnsupportedError
+from ollie.frontend import torch_views  # noqa: F401 - registers its HANDLERS entries
 from ollie.frontend.builder import GraphBuilder
 from ollie.frontend.torch_ops import HANDLERS, Fallback, bind
 from ollie.graph.ir import Graph, prefixed

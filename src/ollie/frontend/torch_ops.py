@@ -42,7 +42,8 @@ def bind(target: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return out
 
 
-def _reg(*names: str) -> Callable[[Handler], Handler]:
+def register(*names: str) -> Callable[[Handler], Handler]:
+    """Decorator: register a handler under each name (``aten::`` when no namespace given)."""
     def deco(fn: Handler) -> Handler:
         for n in names:
             HANDLERS[n if "::" in n else f"aten::{n}"] = fn
@@ -52,14 +53,15 @@ def _reg(*names: str) -> Callable[[Handler], Handler]:
 
 
 # --------------------------------------------------------------------- helpers
-def _val(arg: Any) -> Any:
+def meta_val(arg: Any) -> Any:
+    """The example value (fake tensor, or tensor metadata) torch.export recorded for ``arg``."""
     if isinstance(arg, fx.Node):
         return arg.meta.get("val", arg.meta.get("tensor_meta"))
     return None
 
 
 def shape(arg: Any) -> tuple[int, ...]:
-    v = _val(arg)
+    v = meta_val(arg)
     s = getattr(v, "shape", None)
     if s is None:
         raise Fallback(f"no shape for {arg!r}")
@@ -73,8 +75,9 @@ def out_shape(node: fx.Node) -> tuple[int, ...]:
     return shape(node)
 
 
-def _is_float(node: fx.Node) -> bool:
-    v = _val(node)
+def is_float(node: fx.Node) -> bool:
+    """Whether the value of ``node`` is a floating-point tensor."""
+    v = meta_val(node)
     return getattr(v, "dtype", None) in (torch.float32, torch.float64, torch.float16,
                                          torch.bfloat16)
 
@@ -90,7 +93,8 @@ def _ints(v: Any, n: int = 2) -> tuple[int, ...]:
     return t
 
 
-def _axis(dim: int, rank: int) -> int:
+def norm_axis(dim: int, rank: int) -> int:
+    """``dim`` counted from the front (a negative ``dim`` counts from the end)."""
     return dim + rank if dim < 0 else dim
 
 
@@ -122,23 +126,23 @@ def _emit_conv(imp: TorchImporter, node: fx.Node, a: dict[str, Any], transposed:
     return imp.b.emit1("ConvTranspose2d" if transposed else "Conv2d", ins, attrs, node.name)
 
 
-@_reg("conv2d.default", "conv2d.padding")
+@register("conv2d.default", "conv2d.padding")
 def _conv2d(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return _emit_conv(imp, node, a, transposed=False)
 
 
-@_reg("conv_transpose2d.input")
+@register("conv_transpose2d.input")
 def _conv_t(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return _emit_conv(imp, node, a, transposed=True)
 
 
-@_reg("convolution.default", "_convolution.default")
+@register("convolution.default", "_convolution.default")
 def _convolution(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return _emit_conv(imp, node, a, transposed=bool(a["transposed"]))
 
 
 # --------------------------------------------------------------------- matmul family
-@_reg("linear.default")
+@register("linear.default")
 def _linear(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     xs, ws = shape(a["input"]), shape(a["weight"])
     if len(ws) != 2 or len(xs) < 2:
@@ -156,7 +160,7 @@ def _linear(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("Add", [y, b], {}, node.name) if b else y
 
 
-@_reg("addmm.default")
+@register("addmm.default")
 def _addmm(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     ins = [imp.tensor(a["mat1"]), imp.tensor(a["mat2"]), imp.tensor(a["self"])]
     if len(shape(a["self"])) > 2:
@@ -165,13 +169,13 @@ def _addmm(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("Gemm", ins, attrs, node.name)
 
 
-@_reg("mm.default", "bmm.default", "matmul.default")
+@register("mm.default", "bmm.default", "matmul.default")
 def _matmul(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     other = a.get("mat2", a.get("other"))
     return imp.b.emit1("MatMul", [imp.tensor(a["self"]), imp.tensor(other)], {}, node.name)
 
 
-@_reg("ollie::g2bmm.default", "ollie::gbmm.default")
+@register("ollie::g2bmm.default", "ollie::gbmm.default")
 def _band(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     first, second = list(a)[:2]
     op = "G2BMM" if "g2bmm" in str(node.target) else "GBMM"
@@ -186,7 +190,7 @@ _UNARY = {"relu": "Relu", "relu_": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid",
 
 def _unary(op: str) -> Handler:
     def handler(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-        if not _is_float(node):
+        if not is_float(node):
             raise Fallback("non-float element-wise operator")
         return imp.b.emit1(op, [imp.tensor(a["self"])], {}, node.name)
 
@@ -197,54 +201,54 @@ for _name, _op in _UNARY.items():
     HANDLERS[f"aten::{_name}.default"] = _unary(_op)
 
 
-@_reg("leaky_relu.default")
+@register("leaky_relu.default")
 def _leaky(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("LeakyRelu", [imp.tensor(a["self"])],
                        {"alpha": float(a.get("negative_slope", 0.01))}, node.name)
 
 
-@_reg("hardtanh.default", "hardtanh_.default")
+@register("hardtanh.default", "hardtanh_.default")
 def _hardtanh(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not _is_float(node):
+    if not is_float(node):
         raise Fallback("non-float hardtanh")
     return imp.b.clip(imp.tensor(a["self"]), float(a.get("min_val", -1.0)),
                       float(a.get("max_val", 1.0)), node.name)
 
 
-@_reg("relu6.default", "relu6_.default")
+@register("relu6.default", "relu6_.default")
 def _relu6(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not _is_float(node):
+    if not is_float(node):
         raise Fallback("non-float relu6")
     return imp.b.clip(imp.tensor(a["self"]), 0.0, 6.0, node.name)
 
 
-@_reg("clamp.default")
+@register("clamp.default")
 def _clamp(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     lo, hi = a.get("min"), a.get("max")
-    if not _is_float(node) or not all(v is None or isinstance(v, (int, float))
+    if not is_float(node) or not all(v is None or isinstance(v, (int, float))
                                       for v in (lo, hi)):
         raise Fallback("non-float clamp or tensor bounds")
     return imp.b.clip(imp.tensor(a["self"]), None if lo is None else float(lo),
                       None if hi is None else float(hi), node.name)
 
 
-@_reg("silu.default", "silu_.default")
+@register("silu.default", "silu_.default")
 def _silu(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not _is_float(node):
+    if not is_float(node):
         raise Fallback("non-float silu")
     return imp.b.silu(imp.tensor(a["self"]), node.name)
 
 
-@_reg("hardsigmoid.default", "hardsigmoid_.default")
+@register("hardsigmoid.default", "hardsigmoid_.default")
 def _hardsigmoid(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not _is_float(node):
+    if not is_float(node):
         raise Fallback("non-float hardsigmoid")
     return imp.b.hard_sigmoid(imp.tensor(a["self"]), 1.0 / 6.0, 0.5, node.name)
 
 
-@_reg("hardswish.default", "hardswish_.default")
+@register("hardswish.default", "hardswish_.default")
 def _hardswish(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not _is_float(node):
+    if not is_float(node):
         raise Fallback("non-float hardswish")
     return imp.b.hard_swish(imp.tensor(a["self"]), node.name)
 
@@ -255,7 +259,7 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "M
 
 def _binary(op: str) -> Handler:
     def handler(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-        if not _is_float(node) or a.get("rounding_mode") is not None:
+        if not is_float(node) or a.get("rounding_mode") is not None:
             raise Fallback("non-float or rounding arithmetic")
         x, y = imp.tensor(a["self"]), imp.tensor(a["other"])
         alpha = a.get("alpha", 1)
@@ -290,14 +294,14 @@ def _only_first_used(node: fx.Node) -> bool:
                if hasattr(u.target, "__name__"))
 
 
-@_reg("batch_norm.default")
+@register("batch_norm.default")
 def _batch_norm(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if a.get("training"):
         raise Fallback("training-mode batch norm")
     return _bn(imp, node, a)
 
 
-@_reg("_native_batch_norm_legit_no_training.default")
+@register("_native_batch_norm_legit_no_training.default")
 def _batch_norm_nt(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if not _only_first_used(node):
         raise Fallback("batch norm statistics outputs used")
@@ -312,7 +316,7 @@ def _pool_attrs(a: dict[str, Any]) -> dict[str, Any]:
             "padding": _ints(a.get("padding", 0)), "ceil_mode": bool(a.get("ceil_mode"))}
 
 
-@_reg("max_pool2d.default")
+@register("max_pool2d.default")
 def _max_pool(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if len(shape(a["self"])) != 4:
         raise Fallback("max pool of a 3-D tensor")
@@ -320,14 +324,14 @@ def _max_pool(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("MaxPool2d", [imp.tensor(a["self"])], attrs, node.name)
 
 
-@_reg("max_pool2d_with_indices.default")
+@register("max_pool2d_with_indices.default")
 def _max_pool_idx(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if not _only_first_used(node):
         raise Fallback("max pool indices used")
     return [_max_pool(imp, node, a), None]
 
 
-@_reg("avg_pool2d.default")
+@register("avg_pool2d.default")
 def _avg_pool(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if a.get("divisor_override") is not None or len(shape(a["self"])) != 4:
         raise Fallback("avg pool with divisor_override / of a 3-D tensor")
@@ -335,7 +339,7 @@ def _avg_pool(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("AvgPool2d", [imp.tensor(a["self"])], attrs, node.name)
 
 
-@_reg("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
+@register("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
 def _adaptive_avg(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     xs = shape(a["self"])
     if len(xs) != 4:
@@ -352,23 +356,10 @@ def _adaptive_avg(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Resul
     return imp.b.emit1("AvgPool2d", [x], {"kernel_size": k, "stride": k}, node.name)
 
 
-@_reg("mean.dim")
-def _mean(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    xs = shape(a["self"])
-    dims = sorted(_axis(int(d), len(xs)) for d in (a.get("dim") or ()))
-    if len(xs) < 3 or dims != list(range(2, len(xs))) or a.get("dtype") is not None:
-        raise Fallback("mean over other dimensions than the spatial ones")
-    y = imp.b.emit1("GlobalAveragePool", [imp.tensor(a["self"])], {},
-                    node.name if a.get("keepdim") else f"{node.name}_gap")
-    if a.get("keepdim"):
-        return y
-    return imp.b.emit1("Reshape", [y], {"shape": out_shape(node)}, node.name)
-
-
 # --------------------------------------------------------------------- data movement
-@_reg("view.default", "reshape.default", "_unsafe_view.default", "flatten.using_ints",
+@register("view.default", "reshape.default", "_unsafe_view.default", "flatten.using_ints",
       "unsqueeze.default", "squeeze.dim", "squeeze.dims", "squeeze.default", "view_as.default",
-      "reshape_as.default")
+      "reshape_as.default", "unflatten.int")
 def _reshape(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     x = imp.tensor(a["self"])
     target = out_shape(node)
@@ -379,26 +370,25 @@ def _reshape(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("Reshape", [x], {"shape": target}, node.name)
 
 
-@_reg("contiguous.default", "clone.default", "alias.default", "detach.default",
-      "lift_fresh_copy.default", "_to_copy.default", "to.dtype", "expand.default",
-      "expand_as.default")
+@register("contiguous.default", "clone.default", "alias.default", "detach.default",
+      "lift_fresh_copy.default", "_to_copy.default", "to.dtype")
 def _alias(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     src = a["self"]
-    v_in, v_out = _val(src), _val(node)
+    v_in, v_out = meta_val(src), meta_val(node)
     if getattr(v_in, "dtype", None) != getattr(v_out, "dtype", None) \
             or shape(src) != out_shape(node):
         raise Fallback("a copy that changes dtype or shape")
     return imp.tensor(src)
 
 
-@_reg("dropout.default", "feature_dropout.default", "alpha_dropout.default")
+@register("dropout.default", "feature_dropout.default", "alpha_dropout.default")
 def _dropout(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if a.get("train"):
         raise Fallback("dropout in training mode")
     return imp.tensor(a["input"])
 
 
-@_reg("t.default", "numpy_T.default")
+@register("t.default", "numpy_T.default")
 def _t(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     rank = len(shape(a["self"]))
     x = imp.tensor(a["self"])
@@ -407,20 +397,20 @@ def _t(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("Transpose", [x], {"perm": tuple(range(rank))[::-1]}, node.name)
 
 
-@_reg("permute.default")
+@register("permute.default")
 def _permute(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     rank = len(shape(a["self"]))
-    perm = tuple(_axis(int(d), rank) for d in a["dims"])
+    perm = tuple(norm_axis(int(d), rank) for d in a["dims"])
     x = imp.tensor(a["self"])
     if perm == tuple(range(rank)):
         return x
     return imp.b.emit1("Transpose", [x], {"perm": perm}, node.name)
 
 
-@_reg("transpose.int")
+@register("transpose.int")
 def _transpose(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     rank = len(shape(a["self"]))
-    d0, d1 = _axis(int(a["dim0"]), rank), _axis(int(a["dim1"]), rank)
+    d0, d1 = norm_axis(int(a["dim0"]), rank), norm_axis(int(a["dim1"]), rank)
     perm = list(range(rank))
     perm[d0], perm[d1] = perm[d1], perm[d0]
     x = imp.tensor(a["self"])
@@ -429,20 +419,20 @@ def _transpose(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return imp.b.emit1("Transpose", [x], {"perm": tuple(perm)}, node.name)
 
 
-@_reg("cat.default", "concat.default")
+@register("cat.default", "concat.default")
 def _cat(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     tensors = list(a["tensors"])
     rank = len(out_shape(node))
     ins = [imp.tensor(t) for t in tensors if shape(t) != (0,)]
     if len(ins) == 1:
         return ins[0]
-    return imp.b.emit1("Concat", ins, {"axis": _axis(int(a.get("dim", 0)), rank)}, node.name)
+    return imp.b.emit1("Concat", ins, {"axis": norm_axis(int(a.get("dim", 0)), rank)}, node.name)
 
 
-@_reg("softmax.int", "_softmax.default")
+@register("softmax.int", "_softmax.default")
 def _softmax(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if a.get("dtype") is not None or a.get("half_to_float"):
         raise Fallback("softmax with a dtype change")
     rank = len(shape(a["self"]))
     return imp.b.emit1("Softmax", [imp.tensor(a["self"])],
-                       {"axis": _axis(int(a["dim"]), rank)}, node.name)
+                       {"axis": norm_axis(int(a["dim"]), rank)}, node.name)

@@ -206,6 +206,45 @@ def _concat(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     return [torch.cat(xs, dim=int(a["axis"]))]
 
 
+def _slice(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
+    x = xs[0]
+    ax = int(a["axis"])
+    ax = ax + x.dim() if ax < 0 else ax
+    end = a.get("end")
+    sl = slice(int(a.get("start", 0)), None if end is None else int(end), int(a.get("step", 1)))
+    return [x[(slice(None),) * ax + (sl,)].contiguous()]
+
+
+def _pad(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
+    p = [int(v) for v in a["pads"]]
+    r = len(p) // 2
+    pads: list[int] = []
+    for k in reversed(range(r)):  # F.pad lists the last dimension first
+        pads += [p[k], p[r + k]]
+    return [F.pad(xs[0], pads)]
+
+
+def _expand(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
+    x = xs[0]
+    shape = torch.broadcast_shapes(tuple(x.shape), tuple(int(d) for d in a["shape"]))
+    return [x.expand(shape).contiguous()]
+
+
+def _unfold(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
+    return [xs[0].unfold(int(a["axis"]), int(a["size"]), int(a["step"])).contiguous()]
+
+
+def _reduce(mean: bool) -> Impl:
+    def impl(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
+        axes = a["axes"]
+        dims = [int(v) for v in (axes if isinstance(axes, (list, tuple)) else [axes])]
+        keep = bool(a.get("keepdims", 1))
+        fn = torch.mean if mean else torch.sum
+        return [fn(xs[0], dim=dims, keepdim=keep)]
+
+    return impl
+
+
 def _softmax(xs: list[Tensor], a: dict[str, Any]) -> list[Tensor]:
     return [torch.softmax(xs[0], dim=int(a.get("axis", -1)))]
 
@@ -262,6 +301,12 @@ OP_IMPLS: dict[str, Impl] = {
     "Flatten": _flatten,
     "Transpose": _transpose,
     "Concat": _concat,
+    "Slice": _slice,
+    "Pad": _pad,
+    "Expand": _expand,
+    "Unfold": _unfold,
+    "ReduceSum": _reduce(mean=False),
+    "ReduceMean": _reduce(mean=True),
     "AvgPool2d": _avg_pool2d,
     "GlobalAveragePool": _global_average_pool,
     "MaxPool2d": _max_pool2d,

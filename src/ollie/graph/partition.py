@@ -4,7 +4,7 @@
 non-linear operators, the way the paper splits a program "using non-linear activation
 operators as the splitting points". A node is *linear* (:func:`is_linear`) when its operator is
 a compute operator (:data:`~ollie.graph.ir.COMPUTE_OPS`) or one of :data:`LINEAR_OPS` (sums,
-affine BatchNorm, layout and averaging operators), or a ``Mul`` by a constant / ``Div`` by a
+affine BatchNorm, layout, window, padding and averaging / summing operators), or a ``Mul`` by a constant / ``Div`` by a
 constant (:func:`constant_tensors`). Every other node is a *boundary*: the activations (``Relu``,
 ``Tanh``, ``Sigmoid``, ``Exp``, ``Log``, ``Sqrt``, ``Abs``, ``Max``, ``Min``, ``LeakyRelu``),
 opaque nodes (``MaxPool2d`` and ``Softmax`` included), a ``Mul`` of two activations, and any
@@ -41,7 +41,8 @@ from ollie.graph.ir import COMPUTE_OPS, Graph, GraphError, Node
 
 LINEAR_OPS: frozenset[str] = frozenset({
     *COMPUTE_OPS, "Add", "Sub", "BiasAdd", "BatchNorm", "Neg", "Identity", "Reshape", "Flatten",
-    "Transpose", "Concat", "AvgPool2d", "GlobalAveragePool"})
+    "Transpose", "Concat", "AvgPool2d", "GlobalAveragePool", "Slice", "Pad", "Expand",
+    "Unfold", "ReduceSum", "ReduceMean"})
 """Operators whose nodes are linear (affine) in their activation inputs, whatever they read.
 ``Mul`` and ``Div`` are linear only by a constant (:func:`is_linear`)."""
 

@@ -30,6 +30,7 @@ from ollie.lower.elementwise import (
 from ollie.lower.matmul import batch_matmul, g2bmm, gbmm, gemm, matmul
 from ollie.lower.pool import OPAQUE_OPS, avg_pool2d, global_average_pool, max_pool2d, softmax
 from ollie.lower.shape_ops import concat, flatten, reshape, transpose
+from ollie.lower.window_ops import expand, pad, reduce_mean, reduce_sum, slice_, unfold
 
 LOWERINGS: dict[str, Callable[..., Lowered]] = {
     "Conv2d": conv2d,
@@ -48,6 +49,12 @@ LOWERINGS: dict[str, Callable[..., Lowered]] = {
     "Flatten": flatten,
     "Transpose": transpose,
     "Concat": concat,
+    "Slice": slice_,
+    "Pad": pad,
+    "Expand": expand,
+    "Unfold": unfold,
+    "ReduceSum": reduce_sum,
+    "ReduceMean": reduce_mean,
     "AvgPool2d": avg_pool2d,
     "GlobalAveragePool": global_average_pool,
     "MaxPool2d": max_pool2d,

@@ -11,7 +11,8 @@ arrays, each earlier kernel's output):
 * a view (offset and strides into an operand's flat storage) lies within that operand;
 * a ``Conv`` kernel's shape parameters (``n, c, h, w, f, r, s``, strides, dilations) are the
   shapes of the operands it reads; a ``G2BMM`` / ``GBMM`` kernel's band is non-negative;
-* an ``Alias`` kernel has as many elements as the tensor it aliases;
+* an ``Alias`` kernel reads one tensor, and its view (offset, sizes, strides: a reshape, or a
+  contiguous block such as a slice) lies within that tensor and has the kernel's shape;
 * a graph operator run as it is (``Node``) computes the output shape it declares (inferred on
   meta tensors; an opaque operator's declared shapes are checked when it runs,
   :func:`ollie.exec.dispatch.compile_kernel`), and its residual input has that shape;
@@ -80,8 +81,7 @@ def _check_kernel(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str
         if as_int(p.w) < 0 or as_int(p.d) < 1:
             raise ShapeError(f"{where}: band width must be >= 0 and dilation >= 1")
     elif k.kind is KernelKind.ALIAS:
-        if len(k.inputs) != 1 or math.prod(shapes[k.inputs[0]]) != math.prod(out):
-            raise ShapeError(f"{where}: an alias must have as many elements as its input")
+        _check_alias(k, shapes, out, where)
     elif k.kind is KernelKind.NODE:
         return _check_node(k, shapes, out, where)
     return {}
@@ -114,6 +114,20 @@ def _operands(k: Kernel, shapes: Mapping[str, Shape], where: str) -> list[Shape]
             shape = tuple(view.sizes)
         out.append(shape)
     return out
+
+
+def _check_alias(k: Kernel, shapes: Mapping[str, Shape], out: Shape, where: str) -> None:
+    if len(k.inputs) != 1:
+        raise ShapeError(f"{where}: an alias must read exactly one tensor")
+    try:
+        offset, sizes, strides = k.params.view  # type: ignore[attr-defined]
+        view = View(int(offset), tuple(int(d) for d in sizes), tuple(int(d) for d in strides))
+    except (TypeError, ValueError):
+        raise ShapeError(f"{where}: an alias view must be [offset, sizes, strides]") from None
+    if math.prod(view.sizes) != math.prod(out):
+        raise ShapeError(f"{where}: an alias view of sizes {list(view.sizes)} for an output of "
+                         f"shape {list(out)}")
+    _check_view(view, math.prod(shapes[k.inputs[0]]), f"{where}: alias of '{k.inputs[0]}'")
 
 
 def _check_view(view: View, numel: int, where: str) -> None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ollie.errors import OllieError
+from ollie.zoo.bert import BertLayer
 from ollie.zoo.gcn import GCN
 from ollie.zoo.generators import SRCNN, CSRNetBackend, DCGANGenerator, InfoGANGenerator
 from ollie.zoo.init import calibrate, seeded
@@ -69,9 +70,9 @@ _LF_HIDDEN = 512
 
 
 def _build_longformer(batch: int = 1, seq: int = 10000, width: int = 1000,
-                      dilation: int = 4) -> Built:
+                      dilation: int = 4, ops: str = "custom") -> Built:
     with seeded(WEIGHT_SEED):
-        module = LongformerLayer(width, dilation)
+        module = LongformerLayer(width, dilation, ops=ops)
         # the weights do not depend on seq: calibrate on a short sequence
         calib = min(seq, 256)
         calibrate(module, lambda: (torch.randn(_CALIBRATION_BATCH, calib, _LF_HIDDEN),))
@@ -84,6 +85,37 @@ def _lf_shape(batch: int, seq: int = 10000, width: int = 1000,
               dilation: int = 4) -> tuple[int, ...]:
     return (batch, seq, _LF_HIDDEN)
 
+
+_LF_PLAIN_DEFAULTS = {"seq": 1024, "width": 64, "dilation": 4}
+"""Smaller than the evaluation Longformer: eager PyTorch materialises the band window
+``[b*8, seq, 64, 2w+1]`` of the plain variant (270 MB at these sizes)."""
+
+
+def _build_longformer_plain(batch: int = 1, seq: int = 1024, width: int = 64,
+                            dilation: int = 4) -> Built:
+    return _build_longformer(batch, seq, width, dilation, ops="torch")
+
+
+_BERT_DEFAULTS = {"seq": 128, "hidden": 768, "heads": 12, "ffn": 3072}
+
+
+def _build_bert(batch: int = 1, seq: int = 128, hidden: int = 768, heads: int = 12,
+                ffn: int = 3072) -> Built:
+    with seeded(WEIGHT_SEED):
+        module = BertLayer(hidden, heads, ffn)
+        calibrate(module, lambda: (torch.randn(_CALIBRATION_BATCH, min(seq, 128), hidden),))
+    with seeded(INPUT_SEED):
+        x = torch.randn(batch, seq, hidden)
+    return module.eval(), (x,)
+
+
+def _bert_shape(batch: int, seq: int = 128, hidden: int = 768, heads: int = 12,
+                ffn: int = 3072) -> tuple[int, ...]:
+    return (batch, seq, hidden)
+
+
+PAPER_NAMES = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
+"""The seven evaluation models of MODELS.md (``MODELS`` also holds the transformer extras)."""
 
 MODELS: dict[str, ModelSpec] = {
     s.name: s for s in [
@@ -107,15 +139,24 @@ MODELS: dict[str, ModelSpec] = {
                   "Longformer attention layer: Q/K/V Linear, G2BMM/GBMM (w=1000, d=4), "
                   "softmax, two Linear+ReLU, residual; seq 10000, hidden 512, 8 heads",
                   _lf_shape, _lf_shape, dict(_LF_DEFAULTS)),
+        ModelSpec("bert", _build_bert,
+                  "BERT encoder layer: Q/K/V Linear, matmul, softmax, matmul, out Linear, "
+                  "residual + LayerNorm, GELU FFN; seq 128, hidden 768, 12 heads, FFN 3072",
+                  _bert_shape, _bert_shape, dict(_BERT_DEFAULTS)),
+        ModelSpec("longformer_plain", _build_longformer_plain,
+                  "Longformer layer with the banded products in plain PyTorch (pad, dilated "
+                  "unfold, product, sum); seq 1024, w=64, d=4, hidden 512, 8 heads",
+                  _lf_shape, _lf_shape, dict(_LF_PLAIN_DEFAULTS)),
     ]
 }
 
 
 def get(name: str, batch: int = 1, **options: int) -> Built:
     """Build zoo model ``name`` (``zoo:`` prefix allowed) for batch size ``batch``; returns
-    ``(module, example_inputs)``. ``options`` are model options (Longformer: ``seq``,
-    ``width``, ``dilation``). ``tv:NAME`` / ``hf:NAME`` build torchvision / transformers
-    models (:mod:`ollie.zoo.external`, optional dependencies)."""
+    ``(module, example_inputs)``. ``options`` are model options (Longformer and
+    longformer_plain: ``seq``, ``width``, ``dilation``; BERT: ``seq``, ``hidden``, ``heads``,
+    ``ffn``). ``tv:NAME`` / ``hf:NAME`` build torchvision / transformers models
+    (:mod:`ollie.zoo.external`, optional dependencies)."""
     if name.startswith(("tv:", "hf:")):
         from ollie.zoo.external import build
         return build(name, batch, **options)
