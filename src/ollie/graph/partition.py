@@ -4,9 +4,10 @@
 non-linear operators, the way the paper splits a program "using non-linear activation
 operators as the splitting points". A node is *linear* (:func:`is_linear`) when its operator is
 a compute operator (:data:`~ollie.graph.ir.COMPUTE_OPS`) or one of :data:`LINEAR_OPS` (sums,
-affine BatchNorm, layout, window, padding and averaging / summing operators), or a ``Mul`` by a constant / ``Div`` by a
-constant (:func:`constant_tensors`). Every other node is a *boundary*: the activations (``Relu``,
-``Tanh``, ``Sigmoid``, ``Exp``, ``Log``, ``Sqrt``, ``Abs``, ``Max``, ``Min``, ``LeakyRelu``),
+affine BatchNorm, layout, window, padding, averaging and summing operators), or a ``Mul`` by a
+constant / ``Div`` by a constant (:func:`constant_tensors`). Every other node is a
+*boundary*: the activations (``Relu``, ``Tanh``, ``Sigmoid``, ``Exp``, ``Log``, ``Sqrt``,
+``Abs``, ``Max``, ``Min``, ``LeakyRelu``),
 opaque nodes (``MaxPool2d`` and ``Softmax`` included), a ``Mul`` of two activations, and any
 operator not listed.
 
