@@ -132,13 +132,13 @@ def merge_expressions(exprs: Sequence[Expr], holes: Sequence[Sequence[str]],
         dims = [Iter(fresh_name(f"d{k}", taken), 0, d)
                 for k, d in enumerate(shapes[0][name])]
         idx = tuple(var(d.name) for d in dims)
-        body: Node | None = None
+        stack: Node | None = None
         for i in range(n):
             part = Access(Scope((Iter(g, i, i + 1), *dims), (), Access(holes[i][j], idx)),
                           (var(g), *idx))
-            body = part if body is None else BinOp("+", body, part)
-        assert body is not None
-        stacked[name] = Scope((Iter(g, 0, n), *dims), (), body)
+            stack = part if stack is None else BinOp("+", stack, part)
+        assert stack is not None
+        stacked[name] = Scope((Iter(g, 0, n), *dims), (), stack)
 
     def fn(node: Node) -> Node | None:
         if isinstance(node, Access) and isinstance(node.source, str) and \
