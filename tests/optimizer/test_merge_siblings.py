@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import ollie
+from ollie.commands.optimize import add_arguments, explain
 from ollie.graph.siblings import sibling_groups
 from ollie.optimizer import region
 from ollie.optimizer.importing import to_graph
@@ -115,6 +116,11 @@ def test_merge_kept_when_faster(ollie_settings, monkeypatch, tmp_path):
     assert r.optimized_ms == pytest.approx(0.5) and r.original_ms == pytest.approx(1.0)
     assert not any(e.node in QKV[1:] for e in opt.report)
     assert "nodes: linear_mm, linear_1_mm, linear_2_mm" in opt.summary()
+    lines = explain(opt.report).splitlines()
+    at = lines.index("linear_mm (MatMul x3): nodes linear_mm, linear_1_mm, linear_2_mm")
+    assert lines[at + 1] == "  inter-expression: expression_merging"
+    assert lines[at + 2].startswith("  derivation: ")
+    assert "expression_merging" not in lines[at + 2]
     assert any(n.startswith("checked against the original model") for n in opt.notes)
     _close(opt, m, x)
     # the report round-trips, and a report saved before `nodes` existed still loads
@@ -153,3 +159,66 @@ def test_longformer_qkv_merged_into_one_subprogram(ollie_settings, monkeypatch):
     assert [k.params.n for k in products if k.params.n > 512] == [1536], \
         [k.params for k in products]
     _close(opt, m, x)
+
+
+def test_cli_optimize_accepts_explain():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["zoo:longformer", "--explain"]).explain
+    assert not p.parse_args(["zoo:longformer"]).explain
+
+
+def test_merge_decision_cached(ollie_settings, monkeypatch, tmp_path):
+    """A kept merge is reused from the decision cache: no search the second time."""
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock, cache_dir=tmp_path)
+    _merge_times(monkeypatch, 0.5)
+    m, x = _attention()
+    cfg = {**FAST, "use_cache": True}
+    first = ollie.optimize(m, x, **cfg)
+    assert first.report[0].nodes == QKV
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(region, "derive", no_search)
+    second = ollie.optimize(m, x, **cfg)
+    assert second.report[0].nodes == QKV and second.report[0].chosen == first.report[0].chosen
+    assert second.report[0].derivation[0] == "expression_merging"
+    _close(second, m, x)
+
+
+def test_select_program_checks_every_output():
+    """A merged program is rejected when any one of its outputs disagrees with the reference
+    interpreter (here the last two slices swapped), not only its first."""
+    import numpy as np
+
+    from ollie.ir import rename_expr
+    from ollie.match.eop import make_eop
+    from ollie.optimizer.select import select_program
+    from ollie.passes.postprocess import postprocess
+    from ollie.program.program import Program
+    from ollie.rules.inter import merge_expressions
+
+    text = "A: [4, 6]\n{w}: [6, 5]\nL<m=0:4, n=0:5> Sum<k=0:6> A[m, k] * {w}[k, n]"
+    names = ("Wq", "Wk", "Wv")
+    exprs = [ollie.parse(text.format(w=w)) for w in names]
+    merged, slices = merge_expressions(exprs, [(w,) for w in names], "inner")
+    cand = ollie.derive(merged, max_depth=0, time_budget=5, clock=stopped_clock).candidates[0]
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in merged.decls}
+    ys = ("y0", "y1", "y2")
+
+    def program(order):
+        sliced = [make_eop(rename_expr(slices[j], {"merged": cand.output}).root,
+                           {cand.output: merged.shape}, y) for y, j in zip(ys, order, strict=True)]
+        prog = Program((("A", (4, 6)),), ys, [*cand.kernels, *sliced],
+                       {w: inputs[w] for w in names})
+        return cand, postprocess(prog)
+
+    sel = select_program(dict(zip(ys, exprs, strict=True)),
+                         [program((0, 1, 2)), program((0, 2, 1))],
+                         lambda: None, inputs, clock=stopped_clock)
+    assert len(sel.measured) == 1 and len(sel.rejected) == 1
+    assert "error" in sel.rejected[0]

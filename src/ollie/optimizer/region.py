@@ -17,11 +17,13 @@ an attention layer's Q/K/V projections) becomes one subprogram when that is fast
    (:func:`ollie.optimizer.select.select_program`); the fastest replaces them only when it is
    faster by :data:`MERGE_MARGIN`. Otherwise each member keeps its own decision.
 
-Decisions are memoised per canonical merged expression (identical groups: one search).
+Decisions are memoised per canonical merged expression (identical groups: one search) and
+kept in the decision cache (:data:`MERGE_VERSION`), checked to fit before they are reused.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,12 +44,16 @@ from ollie.optimizer.select import MARGIN, as_input, layout_key, select_program
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, constant_array
+from ollie.program.serialize import FormatError, kernel_from_json, kernel_to_json
 from ollie.rules.inter import merge_expressions
 from ollie.search import SearchConfig, derive
 from ollie.search.candidate import Candidate, Step, program_key
-from ollie.tune.cache import CostCache
+from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
+
+MERGE_VERSION = 1
+"""Part of a merge decision's cache key: bumped whenever what a decision holds changes."""
 
 MERGE_MARGIN = MARGIN
 """A merged program must be this much faster (fraction of the members' time) to be kept."""
@@ -95,6 +101,35 @@ class MergeOutcome:
     candidates: int
     verified: list[tuple[str, float]] = field(default_factory=list)
     """Each verified merged program's label and time alone (seconds), fastest first."""
+
+    def to_json(self) -> str:
+        kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]
+        return json.dumps({**self.__dict__, "kernels": kernels})
+
+    @classmethod
+    def from_json(cls, text: str, inputs: Mapping[str, np.ndarray],
+                  shapes: Sequence[tuple[int, ...]]) -> MergeOutcome:
+        """The decision of a document of :meth:`to_json`, checked to compute outputs of
+        ``shapes`` from the canonical ``inputs`` (``x0`` and the constants);
+        :class:`~ollie.program.serialize.FormatError`, ``ValueError``, ``TypeError`` or
+        ``KeyError`` when it does not."""
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise FormatError("a merge decision is a JSON object")
+        out = cls(**{**doc, "outputs": tuple(doc["outputs"]),
+                     "verified": [(str(a), float(b)) for a, b in doc.get("verified", [])],
+                     "kernels": None if doc["kernels"] is None else
+                     [kernel_from_json(k) for k in doc["kernels"]]})
+        if len(out.outputs) != len(shapes):
+            raise FormatError("a merge decision names one output per member")
+        if out.kernels is not None:
+            prog = Program((("x0", tuple(inputs["x0"].shape)),), out.outputs, out.kernels,
+                           {n: constant_array(v) for n, v in inputs.items() if n != "x0"})
+            prog.validate()
+            got = prog.tensor_shapes()
+            if [tuple(got[o]) for o in out.outputs] != [tuple(s) for s in shapes]:
+                raise FormatError("a merge decision's outputs have other shapes")
+        return out
 
 
 @dataclass
@@ -145,9 +180,18 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     key = f"merge|{fingerprint(forms[0][0])}{layout_key(cl)}"
     reused = key in memo
     if not reused:
-        memo[key] = _decide(graph, nodes, individual, constants, config, cache, rng, cl,
-                            act, exprs, forms, {k: constants[v] for k, v in inverse.items()
-                                                if k != "x0"})
+        weights = {k: constants[v] for k, v in inverse.items() if k != "x0"}
+        ckey = (f"{key}|merge{MERGE_VERSION}|{device_key(config.device)}|depth"
+                f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+        found = None if cache is None else _cached(cache.get_decision(ckey), graph, act,
+                                                    weights, exprs)
+        memo[key] = found or _decide(graph, nodes, individual, constants, config, cache, rng,
+                                     cl, act, exprs, forms, weights)
+        if cache is not None and found is None:
+            try:
+                cache.put_decision(ckey, memo[key].to_json())
+            except FormatError as exc:  # a kernel Ollie cannot write as data: not cached
+                log.info("siblings %s: decision not cached (%s)", _names(nodes), exc)
     out = memo[key]
     ys = out.outputs
     inverse.update({y: n.outputs[0] for y, n in zip(ys, nodes, strict=True)})
@@ -158,6 +202,20 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
                               out.original_s * 1e3, out.optimized_s * 1e3, reused,
                               out.candidates, nodes=[n.name for n in nodes])
     return MergedGroup(key, out, kernels, report, _note(nodes, out))
+
+
+def _cached(doc: str | None, graph: Graph, act: str, weights: Mapping[str, np.ndarray],
+            exprs: Sequence[Expr]) -> MergeOutcome | None:
+    """The cached decision ``doc`` when well formed and fitting (else None: decided again)."""
+    if doc is None:
+        return None
+    inputs = {"x0": np.zeros(graph.shape(act), np.float32), **weights}
+    try:
+        return MergeOutcome.from_json(doc, inputs, [e.shape for e in exprs])
+    except (OllieError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("ignoring a malformed cached merge decision (%s); deciding again",
+                    str(exc)[:200])
+        return None
 
 
 def _forms(exprs: list[Expr], holes: list[tuple[str, ...]]
