@@ -9,7 +9,9 @@ named tensor), so they live in their own table :data:`INTER_RULES`.
   ``L_x f(T1) ~ L_x f(T2)``, become one ``L_{g, x} f(S[g, ...])`` where ``S`` stacks ``T1``
   and ``T2`` (a scope: ``{L<g=0:1,..> T1}[g,..] + {L<g=1:2,..> T2}[g,..]``, exact by zero
   padding); e.g. Matmuls sharing an input become one batched Matmul. Output ``g`` of the
-  merged expression is the ``g``-th original result.
+  merged expression is the ``g``-th original result. :func:`merge_expressions` merges ``N``
+  expressions, places ``g`` where asked (``"inner"``: Matmuls sharing an input become one
+  Matmul whose ``n`` is the members' summed) and returns the slices giving back each result.
 * ``expression_fusion``: chain rule: a consumer's reads of a tensor produced by another
   expression are replaced by that expression's scope (operator fusion).
 
