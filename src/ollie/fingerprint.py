@@ -32,10 +32,12 @@ from itertools import permutations, product
 from math import factorial
 
 from ollie.errors import ExprError
+from ollie.ir.exprprogram import ExprProgram
 from ollie.ir.index import Affine, FloorDiv, Var
 from ollie.ir.nodes import Access, BinOp, Call, Const, Expr, Iter, Neg, Node, Scope
 
-__all__ = ["ENUM_CAP", "FingerprintSet", "canonical_form", "clear_cache", "fingerprint"]
+__all__ = ["ENUM_CAP", "FingerprintSet", "canonical_form", "clear_cache", "fingerprint",
+           "program_fingerprint"]
 
 ENUM_CAP = 720
 """Most summation-iterator permutations tried per scope; beyond it ties keep written order."""
@@ -66,6 +68,18 @@ def canonical_form(expr: Expr | Scope, defs: Mapping[str, str] | None = None) ->
 def fingerprint(expr: Expr | Scope, defs: Mapping[str, str] | None = None) -> str:
     """Hex digest of :func:`canonical_form` (see the module docstring for what it ignores)."""
     return _digest(canonical_form(expr, defs))
+
+
+def program_fingerprint(program: ExprProgram) -> str:
+    """A digest of an expression program (:class:`~ollie.ir.exprprogram.ExprProgram`), equal
+    for programs computing the same outputs from the same inputs the same way up to the names
+    of their defs and iterators: each def is fingerprinted with the earlier defs it reads
+    written as their own fingerprints (``defs``), and the outputs' fingerprints are joined in
+    output order."""
+    fps: dict[str, str] = {}
+    for name, expr in program.defs:
+        fps[name] = fingerprint(expr, fps)
+    return _digest("program|" + "|".join(fps[o] for o in program.outputs))
 
 
 def clear_cache() -> None:

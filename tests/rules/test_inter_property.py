@@ -68,3 +68,38 @@ def test_fusion_equals_running_producer_then_consumer(producer, body):
     inp = _inputs(producer)
     want = ollie.interpret(consumer, {"T": ollie.interpret(producer, inp)})
     np.testing.assert_allclose(ollie.interpret(fused, inp), want, rtol=1e-5, atol=1e-5)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=40, deadline=None)
+@given(exprs(depth=1), st.integers(2, 4), st.sampled_from([0, "inner"]), st.data())
+def test_n_renamed_twins_merge_and_slice_back(expr, n, g_at, data):
+    """N copies of an expression over renamed tensors merge into one; each slice of the merged
+    result equals its copy's result, NaN and infinities included, for both placements of the
+    new iterator."""
+    from hypothesis import assume
+
+    from ollie.ir import Scope, accesses, tensor_names
+    from ollie.optimizer.rename import rename_expr
+    from ollie.rules.inter import merge_expressions
+    from ollie.testing.strategies import inputs_with_specials
+
+    name = data.draw(st.sampled_from([n for n, _ in expr.decls]))
+    assume(not any(name in tensor_names(a.source) for a in accesses(expr.root.body)
+                   if isinstance(a.source, Scope)))
+    taken = {n for n, _ in expr.decls}
+    twins, holes = [expr], [(name,)]
+    for i in range(1, n):
+        other = f"{name}_twin{i}"
+        assert other not in taken
+        twins.append(rename_expr(expr, {name: other}))
+        holes.append((other,))
+    merged, slices = merge_expressions(twins, holes, g_at)
+    verify(merged)
+    assert len(slices) == n
+    inp = data.draw(inputs_with_specials(merged))
+    out = ollie.interpret(merged, inp)
+    for twin, sl in zip(twins, slices, strict=True):
+        verify(sl)
+        assert sl.shape == twin.shape
+        got = ollie.interpret(sl, {"merged": out})
+        np.testing.assert_allclose(got, ollie.interpret(twin, inp), rtol=1e-5, atol=1e-5)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,8 @@ from ollie.errors import OllieError
 
 if TYPE_CHECKING:
     import torch
+
+    from ollie.optimizer.report import SubprogramReport
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="search seconds per distinct subprogram (default 30)")
     p.add_argument("--max-depth", type=int, default=2, help="explorative depth (default 2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--explain", action="store_true",
+                   help="print each subprogram's nodes and derivation (inter-expression rules, "
+                        "then the derivation of its expression)")
 
 
 def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] | None, str]:
@@ -80,8 +86,32 @@ def run(args: argparse.Namespace) -> int:
                           "report": [r.to_json() for r in opt.report], "notes": opt.notes}))
     else:
         print(opt.summary())
+        if args.explain:
+            print(explain(opt.report))
         print(f"saved to {out}")
     return 0
+
+
+def explain(report: Sequence[SubprogramReport]) -> str:
+    """Each subprogram of ``report``: the graph nodes it covers, the inter-expression rules
+    applied to them (:data:`ollie.rules.inter.INTER_RULES`, e.g. ``expression_merging``),
+    then the rules of its expression's derivation, and the program chosen."""
+    from ollie.rules.inter import INTER_RULES
+
+    lines = []
+    for r in report:
+        steps = list(r.derivation)
+        inter = 0
+        while inter < len(steps) and steps[inter] in INTER_RULES:
+            inter += 1
+        lines += [f"{r.node} ({r.op}): nodes {', '.join(r.nodes)}",
+                  f"  inter-expression: {', '.join(steps[:inter]) or '-'}",
+                  f"  derivation: {', '.join(steps[inter:]) or '-'}",
+                  f"  program: {r.chosen}"]
+        if r.not_kept:
+            lines.append(f"  not kept in the program: {r.not_kept['program']} "
+                         f"({', '.join(r.not_kept.get('derivation', [])) or '-'})")
+    return "\n".join(lines)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,9 +3,10 @@
 1. Frontend: a ``torch.nn.Module`` (torch.export), an ``.onnx`` path or an ``onnx.ModelProto``
    becomes a graph; BatchNorm is folded into convolutions, identities removed.
 2. The graph splits at its non-linear and opaque operators: every compute operator (Conv,
-   ConvTranspose, MatMul, Gemm, G2BMM, GBMM) is a subprogram; the element-wise and layout
-   operators around them become eOperators (fused with their neighbours later); operators
-   without an expression (max pooling, softmax, unknown ones) run as they are (``Node``).
+   ConvTranspose, MatMul, Gemm, G2BMM, GBMM) is a subprogram (sibling ones, Q/K/V, one when
+   merged is faster: :mod:`ollie.optimizer.region`); the element-wise and layout operators
+   around them become eOperators (fused with their neighbours later); operators without an
+   expression (max pooling, softmax, unknown ones) run as they are (``Node``).
 3. Each subprogram's expression is derived (hybrid derivation); identical subprograms (same
    expression up to tensor names: repeated blocks) are searched and measured once.
 4. Measured selection against the original operator keeps the fastest verified program, so
@@ -25,18 +26,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ollie.caches import release_caches
-from ollie.errors import OllieError, UnsupportedError, check_settings
+from ollie.errors import OllieError, check_settings
 from ollie.exec.dispatch import precompile_programs
 from ollie.exec.executor import CompiledProgram
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
+from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -46,11 +47,13 @@ from ollie.optimizer.final import (
     node_kernel,
     reference,
 )
+from ollie.optimizer.importing import to_graph
 from ollie.optimizer.keys import SubprogramKey
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Outcome, cached_outcome
-from ollie.optimizer.rename import rename_expr, rename_kernels
+from ollie.optimizer.region import MergeOutcome, Part, merge_siblings
+from ollie.optimizer.rename import canonical_names, rename_kernels
 from ollie.optimizer.report import (
     Alternative,
     OptimizedModel,
@@ -93,6 +96,7 @@ class OptimizeConfig:
     seed: int = 0
     choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
     context: bool = True          # CPU: switch each rewrite on / off in the whole program
+    merge_siblings: bool = True   # sibling operators (Q/K/V) as one subprogram when faster
     # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
     # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
     # optimisation whose comparisons of such programs are less faithful (the test suite)
@@ -113,45 +117,6 @@ class OptimizeConfig:
         })
 
 
-# --------------------------------------------------------------------- frontend
-def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None
-             ) -> Graph:
-    """The graph of a torch module, an ONNX path or an ONNX ModelProto, identities removed and
-    BatchNorm folded. ``example_inputs``: a sequence of tensors, one per model input (a lone
-    tensor is one input); a module needs them (they fix every shape), an ONNX model's
-    symbolic dimensions are fixed by their shapes (its fixed ones must match). A module's
-    graph is checked against the module on new inputs
-    (:func:`ollie.frontend.torch_import.check_import`). A model that is not float32 raises
-    :class:`~ollie.errors.UnsupportedError` saying what to convert."""
-    from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
-    from ollie.graph.passes import eliminate_identity, fold_batchnorm
-
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if isinstance(model, torch.nn.Module):
-        if example_inputs is None:
-            raise OllieError("optimize(module, example_inputs): example inputs are needed to "
-                             "trace a torch module")
-        inputs = tuple(example_inputs)
-        problem = torch_import.float32_problem(model, inputs)
-        if problem is not None:
-            raise UnsupportedError(problem)
-        graph = fold_batchnorm(eliminate_identity(from_torch(model, inputs)))
-        torch_import.check_import(graph, model, inputs)
-        return graph
-    if isinstance(model, (str, Path)) or type(model).__name__ == "ModelProto":
-        proto, source = onnx_import.load_onnx(model)
-        problem = onnx_import.float32_problem(proto, source)
-        if problem is not None:
-            raise UnsupportedError(problem)
-        shapes = None if example_inputs is None else \
-            onnx_import.example_shapes(proto, source, tuple(example_inputs))
-        graph = from_onnx(proto, shapes, source=source)
-        return fold_batchnorm(eliminate_identity(graph))
-    raise OllieError(f"cannot optimize a {type(model).__name__}: expected a "
-                     "torch.nn.Module, an .onnx path or an onnx.ModelProto")
-
-
 # --------------------------------------------------------------------- the optimizer
 class _Optimizer:
     def __init__(self, graph: Graph, config: OptimizeConfig,
@@ -168,9 +133,10 @@ class _Optimizer:
         self.rng = np.random.default_rng(config.seed)
         self.channels_last: set[str] = set()
         """4-D tensors the program will likely hold channels-last (:meth:`track_layout`)."""
-        self.parts: list[tuple[Node, str | None, list[Kernel]]] = []
-        """Per graph node: its decision key when a rewrite was chosen for it, and its kernels
-        (:meth:`assemble`)."""
+        self.parts: list[Part] = []
+        """Per graph node or merged sibling group: its decision key when a rewrite was chosen
+        for it, and its kernels (:meth:`assemble`)."""
+        self.merged: dict[str, MergeOutcome] = {}  # sibling groups' decisions by key
         self.rewrite_keys: dict[str, str] = {}
         """Decision key of each node that got a rewrite (:meth:`compute_node`)."""
         self.alternatives: dict[str, list[tuple[str, list[Kernel]]]] = {}
@@ -185,21 +151,58 @@ class _Optimizer:
         kernels: list[Kernel] = []
         total = sum(n.op in COMPUTE_OPS for n in self.graph.nodes)
         done = 0
+        groups = {g[0].name: g for g in sibling_groups(self.graph) if self.config.merge_siblings}
+        decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
+        placed: set[str] = set()  # members a merged group computes
         for node in self.graph.nodes:
+            if node.name in placed:
+                done += 1
+                continue
             if node.op in COMPUTE_OPS:
                 if self.progress:
                     self.progress(node.name, done, total)
-                chosen = self.compute_node(node)
                 done += 1
+                group = groups.get(node.name)
+                merged = None if group is None else self.sibling_group(group, decided)
+                if group is not None and merged is not None:
+                    kernels += merged
+                    placed.update(n.name for n in group[1:])
+                    continue
+                chosen = decided.pop(node.name, None) or self.compute_node(node)
             else:
                 chosen = self.other_node(node)
             kernels += chosen
             self.track_layout(node, chosen)
-            self.parts.append((node, self.rewrite_keys.get(node.name), chosen))
+            self.parts.append(Part((node,), self.rewrite_keys.get(node.name), chosen))
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
         return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
+
+    def sibling_group(self, group: tuple[Node, ...], decided: dict[str, list[Kernel]]
+                      ) -> list[Kernel] | None:
+        """Decide the members alone (into ``decided``), then merged (:mod:`~ollie.optimizer.
+        region`): the merged kernels when faster, else None (each keeps its own decision)."""
+        start = len(self.report)
+        decided.update((n.name, self.compute_node(n)) for n in group)
+        try:
+            merged = merge_siblings(self.graph, group, [decided[n.name] for n in group],
+                                    self.constants, self.config, self.cache, self.rng,
+                                    frozenset(self.channels_last), self.merged)
+        except Exception as exc:  # never lose the model to one subprogram
+            self.note(f"siblings {', '.join(n.name for n in group)}: not merged ({_cause(exc)})")
+            return None
+        self.notes += [merged.note] if merged is not None else []
+        if merged is None or merged.outcome.kernels is None:
+            return None
+        for n in group:
+            del decided[n.name]
+            self.rewrite_keys.pop(n.name, None)
+            self.alternatives.pop(n.name, None)
+            self.track_layout(n, merged.kernels)
+        self.report[start:] = [merged.report]
+        self.parts.append(Part(group, merged.key, merged.kernels))
+        return merged.kernels
 
     def track_layout(self, node: Node, chosen: list[Kernel]) -> None:
         """Record whether ``node``'s output will likely be channels-last when the program runs
@@ -291,12 +294,14 @@ class _Optimizer:
         operators for the other rewritten subprograms; a subprogram whose original won alone
         runs its first alternative in ``on``, if any (:mod:`ollie.optimizer.context`)."""
         kernels: list[Kernel] = []
-        for node, key, chosen in self.parts:
-            if key is not None:
-                kernels += chosen if key in on else self.node_kernel(node)
+        for part in self.parts:
+            if part.key is not None:
+                kernels += part.chosen if part.key in on else \
+                    [k for n in part.nodes for k in self.node_kernel(n)]
                 continue
-            alt = next((ks for k, ks in self.alternatives.get(node.name, []) if k in on), None)
-            kernels += chosen if alt is None else alt
+            alt = next((ks for k, ks in self.alternatives.get(part.nodes[0].name, [])
+                        if k in on), None)
+            kernels += part.chosen if alt is None else alt
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
         return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
 
@@ -304,19 +309,22 @@ class _Optimizer:
         """The distinct rewritten subprograms, with the time their rewrite saved alone, and
         the alternatives of those whose original won (:attr:`Group.alternative`)."""
         nodes: dict[str, list[str]] = {}
-        for node, key, _ in self.parts:
-            if key is not None:
-                nodes.setdefault(key, []).append(node.name)
-            for akey, _ in self.alternatives.get(node.name, []):
-                nodes.setdefault(akey, []).append(node.name)
+        uses: dict[str, int] = {}
+        for part in self.parts:
+            names = [n.name for n in part.nodes]
+            alts = [akey for akey, _ in self.alternatives.get(names[0], [])]
+            for key in ([part.key] if part.key is not None else []) + alts:
+                nodes.setdefault(key, []).extend(names)
+                uses[key] = uses.get(key, 0) + 1
         out = []
         for key, names in nodes.items():
             alt = self.alternative_of.get(key)
             if alt is None:
-                saving = self.memo[key].original_s - self.memo[key].optimized_s
+                done = self.merged.get(key) or self.memo[key]
+                saving = done.original_s - done.optimized_s
             else:
                 saving = self.memo[self.keys[key].base.text].original_s - alt.seconds
-            out.append(Group(key, tuple(names), len(names) * max(saving, 0.0),
+            out.append(Group(key, tuple(names), uses[key] * max(saving, 0.0),
                              alt.label if alt is not None else ""))
         return out
 
@@ -401,13 +409,6 @@ def _cause(exc: BaseException) -> str:
 class InternalError(OllieError):
     """An unexpected failure inside Ollie (a bug): the message names the cause; the original
     exception is chained (``__cause__``)."""
-
-
-def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
-    """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
-    identical subprograms fingerprint alike), and the renaming."""
-    names = {n: f"x{i}" for i, (n, _) in enumerate(expr.decls)}
-    return rename_expr(expr, names), names
 
 
 def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None,

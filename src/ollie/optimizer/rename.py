@@ -8,7 +8,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 
-from ollie.ir import rename_expr
+from ollie.ir import Expr, rename_expr
 from ollie.program.kernel import Kernel
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -42,3 +42,10 @@ def rename_kernels(kernels: list[Kernel], inputs: Mapping[str, str], output: str
                           None if k.expr is None else rename_expr(k.expr, names),
                           k.views, k.shape))
     return out
+
+
+def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:
+    """``expr`` with its declared tensors renamed ``x0, x1, ...`` in declaration order (so
+    identical subprograms fingerprint alike), and the renaming."""
+    names = {n: f"x{i}" for i, (n, _) in enumerate(expr.decls)}
+    return rename_expr(expr, names), names

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SubprogramReport:
-    """What happened to one compute operator. ``not_kept``: the rewrite chosen for it alone
+    """What happened to one compute operator, or to a group of them merged into one subprogram
+    (``nodes``; ``op`` e.g. ``"MatMul x3"``). ``not_kept``: the rewrite chosen for it alone
     (``program``, its ``ms`` measured alone, its ``derivation``) when the whole program was
     not measurably faster with it (:mod:`ollie.optimizer.libraries`,
     :mod:`ollie.optimizer.context`), else None. ``in_program``: the original operator was
@@ -43,6 +44,13 @@ class SubprogramReport:
     candidates: int = 0
     not_kept: dict | None = None
     in_program: bool = False
+    nodes: list[str] = field(default_factory=list)
+    """The graph nodes this subprogram covers: ``[node]``, or a merged sibling group's members
+    (:mod:`ollie.optimizer.region`), ``node`` the first."""
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes = [self.node]
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -79,13 +87,15 @@ class OptimizedModel:
         lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
         for r in self.report:
             sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
-            lines.append(f"{(r.node + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
+            more = f"+{len(r.nodes) - 1}" if len(r.nodes) > 1 else ""
+            lines.append(f"{(r.node + more + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
                          f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
                          + (" (reused)" if r.reused else "")
                          + (" (not faster alone; kept: the whole program was faster with "
                             "it)" if r.in_program else "")
                          + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
-                            "alone: not kept)" if r.not_kept else ""))
+                            "alone: not kept)" if r.not_kept else "")
+                         + (f" [nodes: {', '.join(r.nodes)}]" if len(r.nodes) > 1 else ""))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -143,6 +153,8 @@ def _report_entry(doc: object) -> SubprogramReport:
     for name in ("node", "op", "original", "chosen"):
         if not isinstance(getattr(entry, name), str):
             raise ValueError(f"report field '{name}' must be text")
+    if not isinstance(entry.nodes, list) or not all(isinstance(n, str) for n in entry.nodes):
+        raise ValueError("report field 'nodes' must be a list of node names")
     for name in ("original_ms", "optimized_ms"):
         if not isinstance(getattr(entry, name), (int, float)):
             raise ValueError(f"report field '{name}' must be a number")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +126,12 @@ def check_program(prog: Program, expr: Expr, inputs: Mapping[str, np.ndarray],
     compiled = CompiledProgram(prog, device, cuda_graphs=False)
     feed = {n: v for n, v in inputs.items() if n in dict(prog.inputs)}
     out = compiled.run(feed)[prog.outputs[0]].detach().cpu().numpy()
+    return _agrees(out, reference, device, rtol, atol)
+
+
+def _agrees(out: np.ndarray, reference: tuple[np.ndarray, np.ndarray], device: str,
+            rtol: float, atol: float) -> tuple[bool, float]:
+    """``out`` against the sampled reference values (:func:`check_program`'s comparison)."""
     pos, want = reference
     got = out[tuple(pos.T)] if pos.size else out.reshape(-1)
     err = np.abs(got.astype(np.float64) - want)
@@ -326,3 +332,77 @@ def _expr_key(expr: Expr) -> str:
     from ollie.fingerprint import fingerprint
 
     return fingerprint(expr)
+
+
+def select_program(outputs: Mapping[str, Expr], programs: Sequence[tuple[Candidate, Program]],
+                   baseline: Callable[[], object], inputs: Mapping[str, np.ndarray],
+                   device: str = "cpu", cache: CostCache | None = None,
+                   baseline_key: str | None = None, samples: int = 512,
+                   margin: float = MARGIN, rounds: int = 15, max_seconds: float = 20.0,
+                   channels_last: frozenset[str] = frozenset(),
+                   clock: Clock | None = None) -> Selection:
+    """:func:`select` for a subprogram with several outputs: ``outputs`` maps each output
+    tensor to the expression defining it over ``inputs``' tensors; ``programs`` are
+    post-processed programs computing all of them (with the candidate each came from), whose
+    constants are among ``inputs``. Each is run and every output compared with the reference
+    interpreter at up to ``samples`` positions; those that agree are timed with ``baseline``
+    (a zero-argument callable running what the subprogram runs otherwise) in interleaved
+    rounds, and the fastest replaces the baseline only when faster by more than ``margin``.
+    Times come from / go to ``cache`` when ``baseline_key`` names what the baseline runs."""
+    references = {o: reference_sample(e, inputs, samples) for o, e in outputs.items()}
+    dev = device_key(device)
+    shapes = ";".join(f"{n}{list(v.shape)}" for n, v in sorted(inputs.items()))
+    layout = layout_key(channels_last)
+    cpu = torch.device(device).type == "cpu"
+    if cpu:
+        precompile_programs([p for _, p in programs])
+    rejected: list[str] = []
+    verified: list[tuple[str, Program, Candidate, Callable[[], object]]] = []
+    with discovering() as layouts:
+        for cand, prog in programs:
+            try:
+                compiled = CompiledProgram(prog, device, cuda_graphs=False)
+                got = compiled.run({n: inputs[n] for n, _ in prog.inputs})
+                checks = [_agrees(got[o].detach().cpu().numpy(), ref, device, 1e-3, 1e-4)
+                          for o, ref in references.items()]
+            except Exception as exc:  # a program that fails is only skipped
+                log.warning("program %s failed: %s", cand.summary(), exc)
+                rejected.append(f"{cand.summary()}: {exc}")
+                continue
+            if not all(ok for ok, _ in checks):
+                err = max(e for _, e in checks)
+                log.error("program disagrees with the original (error %.3g): %s", err,
+                          cand.summary())
+                rejected.append(f"{cand.summary()}: error {err:.3g}")
+                continue
+            key = f"program|{program_key(prog.kernels)}|{shapes}|{dev}{layout}"
+            if any(key == k for k, *_ in verified):
+                continue
+            feed = {n: as_input(inputs[n], device, n in channels_last) for n, _ in prog.inputs}
+            verified.append((key, prog, cand,
+                             functools.partial(CompiledProgram(prog, device).run, feed)))
+    if cpu and layouts:
+        precompile(layouts)
+    base_key = None if baseline_key is None else f"baseline|{baseline_key}|{shapes}|{dev}{layout}"
+    keys = [base_key or "baseline", *(k for k, *_ in verified)]
+    hits = [cache.get(k) if cache is not None and base_key is not None else None for k in keys]
+    cached = bool(verified) and all(h is not None for h in hits)
+    if cached:
+        secs = [float(h) for h in hits]  # type: ignore[arg-type]
+    elif verified:
+        fns = dict(zip(keys, [baseline, *(v[3] for v in verified)], strict=True))
+        timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
+                                    min_sample=0.01, lead_calls=1, hopeless=HOPELESS,
+                                    clock=clock)
+        secs = [timed[k] for k in keys]
+        if cache is not None and base_key is not None:
+            for k, t in zip(keys, secs, strict=True):
+                if math.isfinite(t):
+                    cache.put(k, t)
+    else:  # nothing to compare: the baseline is kept without being timed
+        secs = [math.nan]
+    sel = Selection(Measured("original", secs[0], cached=cached), margin=margin)
+    sel.rejected = rejected
+    for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
+        sel.measured.append(Measured(program_label(prog), t, prog, cand, cached))
+    return sel

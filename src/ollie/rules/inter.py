@@ -9,7 +9,9 @@ named tensor), so they live in their own table :data:`INTER_RULES`.
   ``L_x f(T1) ~ L_x f(T2)``, become one ``L_{g, x} f(S[g, ...])`` where ``S`` stacks ``T1``
   and ``T2`` (a scope: ``{L<g=0:1,..> T1}[g,..] + {L<g=1:2,..> T2}[g,..]``, exact by zero
   padding); e.g. Matmuls sharing an input become one batched Matmul. Output ``g`` of the
-  merged expression is the ``g``-th original result.
+  merged expression is the ``g``-th original result. :func:`merge_expressions` merges ``N``
+  expressions, places ``g`` where asked (``"inner"``: Matmuls sharing an input become one
+  Matmul whose ``n`` is the members' summed) and returns the slices giving back each result.
 * ``expression_fusion``: chain rule: a consumer's reads of a tensor produced by another
   expression are replaced by that expression's scope (operator fusion).
 
@@ -21,10 +23,24 @@ Before / after (fusion of ``T = L<i=0:4> A[i] * 2`` into ``L<i=0:4> relu(T[i])``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 from ollie.errors import ExprError
-from ollie.ir import Access, BinOp, Expr, Iter, Node, Scope, accesses, map_body, tensor_names, var
+from ollie.ir import (
+    Access,
+    BinOp,
+    Expr,
+    Iter,
+    Node,
+    Scope,
+    accesses,
+    const,
+    map_body,
+    tensor_names,
+    var,
+)
+from ollie.rules.base import fresh_name
 from ollie.rules.common import iter_names
 
 INTER_RULES: dict[str, Callable] = {}
@@ -52,48 +68,131 @@ def expression_splitting(expr: Expr, dim: int, at: int) -> tuple[Expr, Expr]:
     return parts[0], parts[1]
 
 
-def _rename_tensor(body: Node, old: str, new: str) -> Node:
+def _rename_tensors(body: Node, names: dict[str, str]) -> Node:
+    """``body`` with its reads of each tensor in ``names`` renamed at once (not inside nested
+    scopes)."""
     def fn(node: Node) -> Node | None:
-        if isinstance(node, Access) and node.source == old:
-            return Access(new, node.indices)
+        if isinstance(node, Access) and isinstance(node.source, str) and node.source in names:
+            return Access(names[node.source], node.indices)
         return None
     return map_body(body, fn)
+
+
+def merge_expressions(exprs: Sequence[Expr], holes: Sequence[Sequence[str]],
+                      g_at: int | Literal["inner"] = 0) -> tuple[Expr, list[Expr]]:
+    """Merge ``N >= 2`` expressions that compute the same function of different tensors into
+    one: ``L_x f(T_1) ~ ... ~ L_x f(T_N)  =>  M = L_{g, x} f(S[g, ...])`` (paper, expression
+    merging), and return ``M`` with the slices ``T_i = L<..> M[.., i, ..]`` that give back
+    each original result (each declares only ``M``, named ``merged``).
+
+    ``holes[i]`` names the tensors in which ``exprs[i]`` differs from the others, one per hole
+    position and in the same order for every expression: renaming ``holes[i][j]`` to
+    ``holes[0][j]`` must turn ``exprs[i]`` into ``exprs[0]`` (same traversal, summation and
+    body; every other declared tensor declared alike), and the tensors of one position have one
+    shape. For each position, ``S_j`` stacks the hole tensors along a new first dimension, a
+    scope whose parts are exact by zero padding
+    (``{L<g=i:i+1, ..> T_i[..]}[g, ..]`` summed over ``i``).
+
+    ``g_at`` places the new traversal iterator ``g`` among the root's: an index (``0``: a
+    leading, batched ``g``), or ``"inner"``: just before the first traversal iterator that
+    indexes only hole tensors (a Matmul's ``n`` reading ``W[k, n]``), which makes ``(g, n)``
+    one contiguous output dimension group (one GEMM with a direct output); when no such
+    iterator exists, ``"inner"`` is ``0``. New iterators get fresh names. Raises
+    :class:`~ollie.errors.ExprError` when the expressions do not fit (a hole read inside a
+    nested scope included)."""
+    n = len(exprs)
+    if n < 2 or len(holes) != n or len({len(h) for h in holes}) != 1 or not holes[0]:
+        raise ExprError("expression merging: needs >= 2 expressions and one equally long, "
+                        "non-empty tuple of hole tensors per expression")
+    first = exprs[0]
+    shapes = [dict(e.decls) for e in exprs]
+    hole_sets = [set(h) for h in holes]
+    for j, name in enumerate(holes[0]):
+        shape = shapes[0].get(name)
+        if shape is None or any(shapes[i].get(holes[i][j]) != shape for i in range(n)):
+            raise ExprError(f"expression merging: the tensors of hole {j} "
+                            f"({', '.join(h[j] for h in holes)}) must be declared with one shape")
+    others = {k: v for k, v in first.decls if k not in hole_sets[0]}
+    for i, e in enumerate(exprs):
+        if {k: v for k, v in e.decls if k not in hole_sets[i]} != others:
+            raise ExprError("expression merging: the tensors other than the holes must be "
+                            "declared alike")
+        body = _rename_tensors(e.root.body, dict(zip(holes[i], holes[0], strict=True)))
+        if body != first.root.body or e.root.traversal != first.root.traversal or \
+                e.root.summation != first.root.summation:
+            raise ExprError("expression merging: the expressions do not compute the same "
+                            "function")
+        if any(hole_sets[i] & tensor_names(a.source) for a in accesses(e.root.body)
+               if isinstance(a.source, Scope)):
+            raise ExprError("expression merging: a hole tensor is read inside a nested scope")
+    root = first.root
+    taken = iter_names(root)
+    g = fresh_name("g", taken)
+    pos = _g_position(root, hole_sets[0], g_at)
+    stacked: dict[str, Scope] = {}
+    for j, name in enumerate(holes[0]):
+        dims = [Iter(fresh_name(f"d{k}", taken), 0, d)
+                for k, d in enumerate(shapes[0][name])]
+        idx = tuple(var(d.name) for d in dims)
+        stack: Node | None = None
+        for i in range(n):
+            part = Access(Scope((Iter(g, i, i + 1), *dims), (), Access(holes[i][j], idx)),
+                          (var(g), *idx))
+            stack = part if stack is None else BinOp("+", stack, part)
+        assert stack is not None
+        stacked[name] = Scope((Iter(g, 0, n), *dims), (), stack)
+
+    def fn(node: Node) -> Node | None:
+        if isinstance(node, Access) and isinstance(node.source, str) and \
+                node.source in stacked:
+            return Access(stacked[node.source], (var(g), *node.indices))
+        return None
+
+    trav = list(root.traversal)
+    trav.insert(pos, Iter(g, 0, n))
+    merged_root = Scope(tuple(trav), root.summation, map_body(root.body, fn))
+    decls = dict(first.decls)
+    for i in range(1, n):
+        decls.update((h, shapes[i][h]) for h in holes[i])
+    merged = Expr(tuple(decls.items()), merged_root)
+    return merged, [_slice(merged, pos, i) for i in range(n)]
+
+
+def _g_position(root: Scope, holes: set[str], g_at: int | str) -> int:
+    """Where the merged traversal iterator goes (:func:`merge_expressions`' ``g_at``)."""
+    if isinstance(g_at, int):
+        if not 0 <= g_at <= len(root.traversal):
+            raise ExprError(f"expression merging: g_at={g_at} is outside 0..{len(root.traversal)}")
+        return g_at
+    if g_at != "inner":
+        raise ExprError(f"expression merging: g_at must be an index or 'inner', got {g_at!r}")
+    in_holes: set[str] = set()
+    elsewhere: set[str] = set()
+    for acc in accesses(root.body):
+        used = set().union(*(ix.vars() for ix in acc.indices)) if acc.indices else set()
+        (in_holes if isinstance(acc.source, str) and acc.source in holes else elsewhere
+         ).update(used)
+    return next((k for k, it in enumerate(root.traversal)
+                 if it.name in in_holes and it.name not in elsewhere), 0)
+
+
+def _slice(merged: Expr, pos: int, i: int) -> Expr:
+    """``L<t..> merged[t.., i, t..]`` (the ``i``-th result, ``g`` at position ``pos``)."""
+    shape = merged.shape
+    its = [Iter(f"t{k}", 0, d) for k, d in enumerate(d for k, d in enumerate(shape)
+                                                    if k != pos)]
+    idx = [var(it.name) for it in its]
+    idx.insert(pos, const(i))
+    return Expr((("merged", tuple(shape)),), Scope(tuple(its), (), Access("merged",
+                                                                           tuple(idx))))
 
 
 @_inter("expression_merging")
 def expression_merging(e1: Expr, e2: Expr, t1: str, t2: str) -> Expr:
     """Merge ``e1`` and ``e2``, identical except that ``e1`` reads ``t1`` where ``e2`` reads
-    ``t2`` (same shapes), into one expression with a new leading output dimension of size 2."""
-    shapes = {**e1.inputs, **e2.inputs}
-    if shapes.get(t1) != shapes.get(t2) or shapes.get(t1) is None:
-        raise ExprError(f"expression merging: {t1} and {t2} must be declared with one shape")
-    if _rename_tensor(e2.root.body, t2, t1) != e1.root.body or \
-            e1.root.traversal != e2.root.traversal or e1.root.summation != e2.root.summation:
-        raise ExprError("expression merging: the expressions do not compute the same function")
-    if any(t1 in tensor_names(a.source) for a in accesses(e1.root.body)
-           if isinstance(a.source, Scope)):
-        raise ExprError(f"expression merging: '{t1}' is read inside a nested scope")
-    shape = shapes[t1]
-    dims = [Iter(f"d{i}", 0, d) for i, d in enumerate(shape)]
-    idx = tuple(var(d.name) for d in dims)
-    part1 = Access(Scope((Iter("g", 0, 1), *dims), (), Access(t1, idx)), (var("g"), *idx))
-    part2 = Access(Scope((Iter("g", 1, 2), *dims), (), Access(t2, idx)), (var("g"), *idx))
-    stacked = Scope((Iter("g", 0, 2), *dims), (), BinOp("+", part1, part2))
-    g = "g"
-    taken = iter_names(e1.root)
-    while g in taken:
-        g += "_"
-
-    def fn(node: Node) -> Node | None:
-        if isinstance(node, Access) and node.source == t1:
-            return Access(stacked, (var(g), *node.indices))
-        return None
-
-    root = Scope((Iter(g, 0, 2), *e1.root.traversal), e1.root.summation,
-                 map_body(e1.root.body, fn))
-    decls = dict(e1.decls)
-    decls.update(e2.inputs)
-    return Expr(tuple(decls.items()), root)
+    ``t2`` (same shapes), into one expression with a new leading output dimension of size 2
+    (:func:`merge_expressions` with ``g_at=0``)."""
+    return merge_expressions((e1, e2), ((t1,), (t2,)), 0)[0]
 
 
 @_inter("expression_fusion")
