@@ -109,3 +109,25 @@ def test_cli_flags_reach_optimize(monkeypatch):
     with pytest.raises(Stop):
         command.run(args)
     assert seen["kernel_library"] is False and seen["derivation"] is False
+
+
+def test_no_winograd_variant_of_a_program_without_the_kernel_library(ollie_settings):
+    import numpy as np
+
+    from ollie.graph import Node
+    from ollie.optimizer.libraries import ONEDNN_WINOGRAD, WINOGRAD_ALL, variant
+    from ollie.policy import VENDOR_ONLY
+    from ollie.program.kernel import Kernel
+    from ollie.program.program import Program
+
+    node = Node("Conv2d", ("x", "w"), ("y",), {"padding": 1}, "c0")
+    conv = Kernel(KernelKind.NODE, NodeParams(node=node, op="Conv2d"), ("x", "w"), "y", None,
+                  (), (1, 64, 56, 56))
+    prog = Program((("x", (1, 64, 56, 56)),), ("y",), [conv],
+                   {"w": np.zeros((64, 64, 3, 3), np.float32)})
+    winograd = variant(prog, WINOGRAD_ALL)
+    assert winograd is not None and winograd.kernels[0].params.library == "Winograd"
+    assert variant(prog, ONEDNN_WINOGRAD) is not None
+    ollie_settings(implementations=VENDOR_ONLY)
+    assert variant(prog, WINOGRAD_ALL) is None and variant(prog, ONEDNN_WINOGRAD) is None
+    assert variant(prog, "oneDNN packed") is not None

@@ -83,7 +83,7 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
             impls.allows(POOL):
         return _max_pool_fn(k, node)
     if node.op in BAND_OPS and not impls.allows(BAND) and not extra:
-        return _vendor_band_fn(k, node, ins, skip, post)
+        return _vendor_band_fn(node, ins, skip, post)
     if node.op == "Softmax" and not residual and not act and not extra:
         return _softmax_fn(node)
 
@@ -109,7 +109,7 @@ BAND_OPS = ("G2BMM", "GBMM")
 """Graph operators of the band products."""
 
 
-def _vendor_band_fn(k: Kernel, node: Node, ins: list[str], skip: str | None,
+def _vendor_band_fn(node: Node, ins: list[str], skip: str | None,
                     post: Callable[[torch.Tensor], torch.Tensor] | None) -> KernelFn:
     """A G2BMM / GBMM operator (``width``, ``dilation``) on :mod:`ollie.libs.torch_band`."""
     from ollie.libs import torch_band
