@@ -61,6 +61,7 @@ def test_vendor_only_program_names_and_runs_no_hand_written_kernel(no_hand_writt
         lib, region = k.params.library, k.params.region
         assert not any(h in str(lib or "") or h in str(region or "") for h in HAND_WRITTEN), k
     assert _error(model, opt) < 1e-3  # run outside optimize: still on vendor libraries
+    assert opt.notes[0] == "kernel library off: vendor libraries only"
 
 
 @pytest.mark.parametrize("name", ["vgg", "squeezenet"])
@@ -84,6 +85,7 @@ def test_without_derivation_every_compute_operator_stays_original():
     assert not any(k.kind in (KernelKind.CONV, KernelKind.MATMUL, KernelKind.G2BMM,
                               KernelKind.GBMM) for k in opt.program.kernels)
     assert opt.report == []  # nothing searched
+    assert opt.notes[0].startswith("derivation off")
     assert _error(model, opt) < 1e-3
 
 

@@ -62,5 +62,16 @@ class OptimizeConfig:
         :attr:`kernel_library` is off."""
         return current().implementations if self.kernel_library else VENDOR_ONLY
 
+    def switch_notes(self) -> list[str]:
+        """Notes for the report saying which of :attr:`derivation` and :attr:`kernel_library`
+        were off (none when both are on)."""
+        out = []
+        if not self.derivation:
+            out.append("derivation off: every subprogram kept its original operator (no "
+                       "search)")
+        if not self.kernel_library:
+            out.append(f"kernel library off: {self.implementations().describe()}")
+        return out
+
 
 __all__ = ["OptimizeConfig"]

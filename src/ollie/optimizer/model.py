@@ -408,7 +408,9 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     cfg = replace(config or OptimizeConfig(), device=device, **overrides)
     try:
         with using(implementations=cfg.implementations()):  # OptimizeConfig.kernel_library
-            return _optimize(model, example_inputs, cfg, progress)
+            result = _optimize(model, example_inputs, cfg, progress)
+        result.notes[:0] = cfg.switch_notes()
+        return result
     except OllieError:
         raise
     except Exception as exc:
