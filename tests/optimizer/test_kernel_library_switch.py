@@ -5,6 +5,8 @@ compute operator stays as it is; every combination computes what the model compu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from ollie.cli import build_parser
 from ollie.graph import COMPUTE_OPS
 from ollie.optimizer import model as optimizer_model
 from ollie.optimizer.model import to_graph
-from ollie.policy import HAND_WRITTEN
+from ollie.policy import ALL, HAND_WRITTEN, VENDOR_ONLY
 from ollie.program.params import KernelKind, NodeParams
 from ollie.testing.cnns import build
 
@@ -51,7 +53,8 @@ def _error(model: torch.nn.Module, opt, seed: int = 1) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
-def test_vendor_only_program_names_and_runs_no_hand_written_kernel(no_hand_written_kernels):
+def test_vendor_only_program_names_and_runs_no_hand_written_kernel(no_hand_written_kernels,
+                                                                   monkeypatch, tmp_path):
     # VGG: max pooling, 3x3 convolutions and Linear layers (a 32-column weight: a blocked
     # GEMM candidate with the kernel library on)
     model = build("vgg", w=8, size=SIZE)
@@ -62,6 +65,16 @@ def test_vendor_only_program_names_and_runs_no_hand_written_kernel(no_hand_writt
         assert not any(h in str(lib or "") or h in str(region or "") for h in HAND_WRITTEN), k
     assert _error(model, opt) < 1e-3  # run outside optimize: still on vendor libraries
     assert opt.notes[0] == "kernel library off: vendor libraries only"
+    # saved and loaded, it still runs on the vendor libraries only
+    opt.save(tmp_path / "prog")
+    again = ollie.load(tmp_path / "prog")
+    assert again.implementations == VENDOR_ONLY
+    assert _error(model, again, seed=2) < 1e-3
+    report = tmp_path / "prog" / "report.json"
+    doc = json.loads(report.read_text())
+    report.write_text(json.dumps(dict(doc, implementations=["no such library"])))
+    monkeypatch.undo()  # the kernel library back: the loaded program may now use it
+    assert ollie.load(tmp_path / "prog").implementations == ALL  # the settings' (a warning)
 
 
 @pytest.mark.parametrize("name", ["vgg", "squeezenet"])

@@ -383,11 +383,11 @@ def compile_kernel(k: Kernel, backend: str = "cpu",
     return run
 
 
-def plain_kernel(k: Kernel) -> KernelFn:
+def plain_kernel(k: Kernel, impls: Implementations | None = None) -> KernelFn:
     """``k`` run on the CPU with PyTorch's plain operators (:func:`compile_kernel` without
-    constants: no library choice timed): what an ONNX Runtime region is checked against
-    (:func:`ollie.backends.onnxrt.region.build_region`)."""
-    return compile_kernel(k, "cpu", None)
+    constants: no library choice timed; ``impls`` as there): what an ONNX Runtime region is
+    checked against (:func:`ollie.backends.onnxrt.region.build_region`)."""
+    return compile_kernel(k, "cpu", None, impls)
 
 
 def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None,

@@ -18,6 +18,7 @@ last use (:func:`ollie.libs.onednn.writes_into`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 
@@ -128,7 +129,7 @@ class CompiledProgram:
         fns: dict[int, KernelFn] = {}
         for start, end in ort_region.groups(self.program):
             region = ort_region.build_region(self.program, start, end, self.constants,
-                                             plain_kernel)
+                                             functools.partial(plain_kernel, impls=self.impls))
             if region is None:
                 continue
             self.spins |= region.spinning
