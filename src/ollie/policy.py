@@ -10,19 +10,22 @@ the Winograd convolutions (:mod:`ollie.kernels.winograd`), the register-blocked 
 
 An :class:`Implementations` value says which of these may be chosen. Every chooser of an
 implementation takes one (a convolution's, :func:`ollie.exec.conv.best_conv`; a matrix
-product's, :func:`ollie.exec.linear.best_product`; a band product's and a max pooling's,
-:mod:`ollie.exec.dispatch`; the program-level library variants,
-:mod:`ollie.optimizer.libraries`); :class:`ollie.exec.executor.CompiledProgram` passes its
-own down, by default the settings' (:attr:`ollie.settings.Settings.implementations`). A
+product's, :func:`ollie.exec.linear.best_product`; a band product's,
+:mod:`ollie.exec.dispatch`; an original operator's, :func:`ollie.exec.node.node_fn`), and
+:class:`ollie.exec.executor.CompiledProgram` passes its own down, by default the settings'
+(:attr:`ollie.settings.Settings.implementations`, which the program-level library variants
+of :mod:`ollie.optimizer.libraries` read too). A
 restricted policy is part of every cache key of a choice or a measurement (:attr:`key`,
 :func:`ollie.tune.cache.device_key`), so a vendor-only run never reuses a choice made with the
-kernel library, and the reverse. This module imports nothing of Ollie: the settings, the
-choosers and the caches all read it.
+kernel library, and the reverse. This module imports nothing of Ollie but its errors: the
+settings, the choosers and the caches all read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ollie.errors import ConfigError
 
 ONEDNN = "oneDNN"
 """oneDNN: packed convolutions, the matmul primitive (and its packed weights)."""
@@ -55,8 +58,8 @@ EVERYTHING = VENDOR | HAND_WRITTEN
 class Implementations:
     """The implementations a program may be run on: ``allowed``, a set of the names above
     holding every vendor library (:data:`VENDOR`) and any of the hand-written kernels
-    (:data:`HAND_WRITTEN`). ValueError for a set without the vendor libraries or with an
-    unknown name."""
+    (:data:`HAND_WRITTEN`). :class:`~ollie.errors.ConfigError` (a ValueError) for a set
+    without the vendor libraries or with an unknown name."""
 
     allowed: frozenset[str] = EVERYTHING
 
@@ -65,10 +68,10 @@ class Implementations:
         object.__setattr__(self, "allowed", allowed)
         unknown = allowed - EVERYTHING
         if unknown:
-            raise ValueError(f"unknown implementations {sorted(unknown)} (known: "
+            raise ConfigError(f"unknown implementations {sorted(unknown)} (known: "
                              f"{sorted(EVERYTHING)})")
         if not allowed >= VENDOR:
-            raise ValueError(f"the vendor libraries {sorted(VENDOR - allowed)} cannot be "
+            raise ConfigError(f"the vendor libraries {sorted(VENDOR - allowed)} cannot be "
                              "switched off: every operator needs one implementation")
 
     def allows(self, name: str) -> bool:
