@@ -3,8 +3,8 @@
 :class:`Settings` (a frozen dataclass) holds the cache directory, whether generated kernels
 compile ahead on every core, whether CUDA programs replay as CUDA graphs, whether CUDA
 eOperators run on Triton's CPU interpreter, the clocks of time budgets and of measurements, the
-sleep of a measurement's settle, and what the garbage collector does while Ollie times or
-searches.
+sleep of a measurement's settle, what the garbage collector does while Ollie times or
+searches, and which implementations programs may run on (:mod:`ollie.policy`).
 
 The process's settings are read from the environment once, at the first :func:`current`
 (:func:`from_environ` says which variable sets which field; README.md lists them). Nothing
@@ -33,6 +33,8 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ollie.policy import ALL, Implementations
 
 CACHE_DIR_ENV = "OLLIE_CACHE_DIR"
 """Names the cache directory (:attr:`Settings.cache_dir`)."""
@@ -75,6 +77,11 @@ class Settings:
     ``defer_full_collections``: automatic full collections wait until a search returns
     (:func:`ollie.caches.search_scope`).
 
+    ``implementations``: the implementations a program compiled here may run on (the
+    vendor libraries, and which of Ollie's hand-written kernels: :mod:`ollie.policy`);
+    :class:`ollie.exec.executor.CompiledProgram` keeps the one in effect when it is built,
+    and a restricted one joins every cache key of a choice or a measurement.
+
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
     :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
@@ -91,6 +98,7 @@ class Settings:
     sleep: Callable[[float], object] = time.sleep
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
+    implementations: Implementations = ALL
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property

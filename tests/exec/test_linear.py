@@ -84,8 +84,8 @@ def test_a_wrong_implementation_is_never_chosen(monkeypatch):
     """An implementation that disagrees with torch.matmul is dropped before timing."""
     real = linear.implementations
 
-    def broken(a, b, bias=None, activation=None, constant=(False, False)):
-        impls = real(a, b, bias, activation, constant)
+    def broken(a, b, bias=None, activation=None, constant=(False, False), policy=None):
+        impls = real(a, b, bias, activation, constant, policy)
         impls["oneDNN"] = lambda x, y: torch.matmul(x, y) + 1.0
         for name in ("oneDNN transposed", "MKL transposed"):
             impls.pop(name, None)

@@ -42,6 +42,12 @@ skipped and says so (Longformer at seq 10000, batch 16: the [128, 10000, 2001] s
 are 10 GB). Writes ``models.md``, ``models.json`` and ``models.png`` under ``out``
 (:mod:`ollie.bench.models_report`).
 
+With ``attribution`` (``--attribution``) three more programs of each model are optimised from
+the same cache and timed in the same interleaved run: the original operators on the vendor
+libraries only (0), derived programs on the vendor libraries (a), and the original operators
+with Ollie's kernel library (b), Ollie's program being (c) (:mod:`ollie.bench.attribution`);
+the report gets an attribution table.
+
 ``cnn:NAME`` models (``cnn:all``: every one) are the architectures of
 :mod:`ollie.testing.cnns` (MobileNetV2, SqueezeNet, DenseNet, ... in the small: base width 32,
 112 x 112 inputs), benchmarked the same way; give them their own ``out`` folder.
@@ -62,6 +68,7 @@ from pathlib import Path
 import torch
 
 import ollie
+from ollie.bench import attribution as attrib
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
 from ollie.bench.ops import copy_bandwidth
@@ -207,9 +214,10 @@ def _too_big(name: str, batch: int) -> str | None:
 
 
 def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
-            device: str = "cpu", repeats: int = 1) -> dict:
+            device: str = "cpu", repeats: int = 1, attribution: bool = False) -> dict:
     """One model and batch: build, check, optimise and time every system (``repeats``
-    timings in a row, see :func:`timed`)."""
+    timings in a row, see :func:`timed`); with ``attribution``, also the programs of
+    :mod:`ollie.bench.attribution`."""
     row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
     notes = row["notes"]
     module, inputs = build(name, batch)
@@ -282,6 +290,8 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     log(f"  Ollie: optimised in {row['optimize_s']:.1f} s (warm {row['reoptimize_s']:.2f} s), "
         f"{row['rewritten']} subprograms rewritten, rel err {err:.1e}")
     fns["Ollie"] = lambda: prog(*inputs)
+    if attribution:
+        fns.update(attrib.programs(module, inputs, device, budget, ref, row, log))
     for peer, e in row["errors"].items():
         if peer != "Ollie" and e >= RTOL:
             notes.append(f"{peer} relative error {e:.1e}")
@@ -299,6 +309,8 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
         notes.append(f"machine busy while timing (load average {row['loadavg']:.1f} -> "
                      f"{row['loadavg_after']:.1f})")
     row["times_ms"] = {k: v * 1e3 for k, v in times.items()}
+    if attribution:
+        row["attribution"] = attrib.attribution(row["times_ms"])
     peers = {k: v for k, v in row["times_ms"].items() if k in PEERS}
     best = min(peers, key=peers.get)
     ms = row["times_ms"]["Ollie"]
@@ -334,21 +346,24 @@ def timed(fns: dict[str, Callable[[], object]], device: str, repeats: int,
 def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
-         log: Callable = print, device: str = "cpu", repeats: int = 1) -> int:
+         log: Callable = print, device: str = "cpu", repeats: int = 1,
+         attribution: bool = False) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
-    (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`)."""
+    (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`);
+    ``attribution``: also time the programs of :mod:`ollie.bench.attribution`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
     with using(cache_dir=cache):
-        return _run_all(models, batches, budget, out, keep, threads, log, device, repeats)
+        return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
+                        attribution)
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
-             repeats: int) -> int:
+             repeats: int, attribution: bool = False) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
@@ -375,7 +390,7 @@ def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: 
             why = _too_big(name, batch)
             try:
                 row = ({"model": name, "batch": batch, "skipped": why} if why else
-                       run_one(name, batch, budget, info, log, device, repeats))
+                       run_one(name, batch, budget, info, log, device, repeats, attribution))
             except Exception as e:  # keep going, say what broke
                 import traceback
 

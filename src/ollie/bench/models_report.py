@@ -1,5 +1,6 @@
 """The end-to-end benchmark's output (:mod:`ollie.bench.models`): the summary (geometric-mean
-speedups, warm re-optimisation), the markdown table, the plot and the files written under the
+speedups, warm re-optimisation), the markdown table, the attribution table of a run with
+``--attribution`` (:func:`attribution_markdown`), the plot and the files written under the
 output folder (``models.md``, ``models.json``, ``models.png``; ``models_cuda.*`` on a GPU)."""
 
 from __future__ import annotations
@@ -30,7 +31,54 @@ def summary(rows: list[dict]) -> dict:
             for r in rows if "reoptimize_s" in r}
     return {"geomean_vs_best_peer": _geomean([r["speedup_vs_best"] for r in ok]),
             "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in ok]),
-            "rows_in_geomean": len(ok), "warm_reoptimization": warm}
+            "rows_in_geomean": len(ok), "warm_reoptimization": warm,
+            **({"attribution_geomean": attribution_geomeans(rows)}
+               if any(r.get("attribution") for r in rows) else {})}
+
+
+ATTRIBUTED = ("(a)", "(b)", "(c)")
+"""The programs whose speedup over (0) the attribution table gives
+(:mod:`ollie.bench.attribution`)."""
+
+
+def attribution_geomeans(rows: list[dict]) -> dict[str, float]:
+    """Geometric means over the rows with an attribution: each program's speedup over (0),
+    and (c)'s over the best peer (``"(c)/best peer"``)."""
+    done = [r for r in rows if r.get("attribution")]
+    out = {k: _geomean([r["attribution"]["speedup"][k] for r in done
+                        if k in r["attribution"]["speedup"]]) for k in ATTRIBUTED}
+    out["(c)/best peer"] = _geomean([r["speedup_vs_best"] for r in done
+                                     if r.get("ollie_correct")])
+    return out
+
+
+def attribution_markdown(rows: list[dict]) -> str:
+    """The attribution table (rows of a run with ``--attribution``): per model and batch the
+    time of (0), the original operators on the vendor libraries, the speedups over it of (a)
+    derived programs on the vendor libraries, (b) the original operators with Ollie's kernel
+    library and (c) both (Ollie's program), eager's time, the best peer's and (c)'s speedup
+    over it; then a row of geometric means. Empty without such rows."""
+    done = [r for r in rows if r.get("attribution")]
+    if not done:
+        return ""
+
+    def x(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.2f}x"
+
+    lines = ["| model | batch | (0) ms | (a) derived, vendor | (b) originals, kernel library | "
+             "(c) both | eager ms | best peer ms | (c)/best peer |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in done:
+        a, t = r["attribution"], r["times_ms"]
+        sp = a["speedup"]
+        lines.append(f"| {r['model']} | {r['batch']} | {_ms(a['ms']['(0)'])} | "
+                     + " | ".join(x(sp.get(k)) for k in ATTRIBUTED) +
+                     f" | {_ms(t.get('eager'))} | {_ms(t[r['best_peer']])} ({r['best_peer']}) "
+                     f"| {x(r['speedup_vs_best'])} |")
+    g = attribution_geomeans(rows)
+    lines.append("| geomean | | | " + " | ".join(x(g[k]) for k in ATTRIBUTED) +
+                 f" | | | {x(g['(c)/best peer'])} |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict], info: dict) -> str:
@@ -79,6 +127,14 @@ def markdown(rows: list[dict], info: dict) -> str:
               "| model | first s | second s | second/first |", "|---|---:|---:|---:|"]
     lines += [f"| {k} | {v['first_s']:.1f} | {v['second_s']:.2f} | {v['ratio']:.3f} |"
               for k, v in s["warm_reoptimization"].items()]
+    table = attribution_markdown(rows)
+    if table:
+        lines += ["", "Where the speed comes from: (0) every subprogram's original operator on "
+                  "the vendor libraries only (oneDNN, MKL, PyTorch, ONNX Runtime); (a) derived "
+                  "programs on the vendor libraries; (b) the original operators with Ollie's "
+                  "kernel library (Winograd, blocked GEMM, band kernels, max pooling); (c) both "
+                  "(Ollie). Speedups over (0), all programs optimised from one cache and timed "
+                  "in the same interleaved run as the peers:", "", table]
     lines += ["", "Roofline: max(FLOPs / matmul rate, bytes / copy bandwidth); FLOPs of the "
               "Conv/ConvTranspose/MatMul/Gemm/G2BMM/GBMM operators from their shapes, bytes = "
               "weights + input + output + intermediates of compute and opaque operators "

@@ -60,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--repeats", type=_positive, default=1,
                    help="alternating timings per model and batch: the table gives their "
                         "medians and the notes the range of Ollie's speedups (default 1)")
+    m.add_argument("--attribution", action="store_true",
+                   help="also optimise and time, in the same run, the original operators on "
+                        "the vendor libraries only (0), derived programs on them (a) and the "
+                        "original operators on Ollie's kernel library (b); the report gets "
+                        "their speedups over (0) next to Ollie's (c)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
         return models.main(models.expand(args.models or models.DEFAULT_MODELS), tuple(args.batches),
                            args.budget, args.out, args.keep, args.cache_dir,
-                           args.threads, device=args.device, repeats=args.repeats)
+                           args.threads, device=args.device, repeats=args.repeats,
+                           attribution=args.attribution)
     raise AssertionError(args.bench)

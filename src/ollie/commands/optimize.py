@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="print each subprogram's nodes and derivation (inter-expression rules, "
                         "then the derivation of its expression)")
+    p.add_argument("--no-kernel-library", dest="kernel_library", action="store_false",
+                   help="run on the vendor libraries only (oneDNN, MKL, PyTorch, ONNX "
+                        "Runtime), without Ollie's hand-written kernels (Winograd, blocked "
+                        "GEMM, band kernels, max pooling)")
+    p.add_argument("--no-derivation", dest="derivation", action="store_false",
+                   help="keep every subprogram's original operator (no search)")
 
 
 def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] | None, str]:
@@ -75,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         opt = optimize(model, inputs, device=args.device, time_budget=args.time_budget,
-                       max_depth=args.max_depth, progress=progress)
+                       max_depth=args.max_depth, progress=progress,
+                       kernel_library=args.kernel_library, derivation=args.derivation)
     finally:
         if bar is not None:
             bar.close()

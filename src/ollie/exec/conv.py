@@ -1,7 +1,8 @@
 """The choice of a convolution's implementation on the CPU: oneDNN with the weight packed
 (:mod:`ollie.libs.onednn`), plain torch, ONNX Runtime (:mod:`ollie.libs.ort_conv`) and, for
 large enough convolutions with a Winograd form, a Winograd convolution
-(:mod:`ollie.kernels.winograd`), measured once per configuration with cold caches through a
+(:mod:`ollie.kernels.winograd`; unless the implementation policy leaves it out,
+:mod:`ollie.policy`), measured once per configuration with cold caches through a
 :class:`ollie.tune.choice.Choices`; :func:`node_runner` does this for graph nodes (the original
 operators a program keeps) on the first call for each input shape. It sits above both the
 library bindings and the hand-written kernels it compares
@@ -20,11 +21,9 @@ import torch.nn.functional as F
 from ollie.graph.execute import pad4, pair
 from ollie.libs import onednn
 from ollie.libs.onednn import Conv, Made
+from ollie.policy import WINOGRAD, Implementations
+from ollie.settings import current
 from ollie.tune.choice import ANY_OF, Choices, shared
-
-WINOGRAD = "Winograd"
-"""The name of the Winograd convolutions (:func:`ollie.kernels.winograd.winograd_conv2d`,
-:func:`~ollie.kernels.winograd.winograd_conv_transpose2d`) among the implementations."""
 
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
@@ -74,7 +73,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
               dilation: tuple[int, int], groups: int = 1,
               output_padding: tuple[int, int] = (0, 0), activation: str | None = None,
               residual: bool = False, channels_last: bool = False,
-              prefer: str | None = None, choices: Choices | None = None) -> Conv:
+              prefer: str | None = None, choices: Choices | None = None,
+              impls: Implementations | None = None) -> Conv:
     """``x -> f(op(x, weight, bias, ...))`` (``op``: ``"Conv2d"`` / ``"ConvTranspose2d"``;
     with ``residual``, ``(x, r) -> f(op(x, ...) + r)``) by the fastest of oneDNN with the
     weight packed, plain torch, ONNX Runtime and, where one applies and the convolution does at
@@ -84,7 +84,9 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     have (``channels_last``: the output of a packed oneDNN convolution is; an implementation
     that needs NCHW pays for the conversion in its time). ``prefer`` names an implementation
     to use without measuring when it is available (:meth:`ollie.tune.choice.Choices.fastest_of`);
-    ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`)."""
+    ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`);
+    ``impls``: the implementations allowed (default the settings'; without
+    :data:`~ollie.policy.WINOGRAD` no Winograd candidate), part of the choice's key."""
     from ollie.kernels import winograd
     from ollie.libs import ort_conv
 
@@ -107,12 +109,15 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
 
     key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
            output_padding, activation, bias is None, residual, channels_last)
+    impls = impls or current().implementations
+    key = (*key, impls.key) if impls.key else key
     builders: dict[str, Callable[[], Conv | None]] = {
         "oneDNN packed": packed, "torch": lambda: plain,
         "ONNX Runtime": lambda: ort_conv.ort_conv(op, weight, bias, input_shape, stride,
                                                   padding, dilation, groups, output_padding,
                                                   activation, residual)}
-    if offers_winograd(op, tuple(weight.shape), input_shape, stride, padding, dilation, groups):
+    if impls.allows(WINOGRAD) and offers_winograd(op, tuple(weight.shape), input_shape,
+                                                   stride, padding, dilation, groups):
         builders[WINOGRAD] = (lambda: winograd.winograd_conv2d(
             weight, input_shape, stride, padding, dilation, bias, groups, activation,
             residual)) if op == "Conv2d" else (lambda: winograd.winograd_conv_transpose2d(
@@ -125,13 +130,14 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation: str | None = None, residual: bool = False,
-                prefer: str | None = None, choices: Choices | None = None) -> Conv | None:
+                prefer: str | None = None, choices: Choices | None = None,
+                impls: Implementations | None = None) -> Conv | None:
     """For a ``Conv2d`` / ``ConvTranspose2d`` graph node with constant ``weight`` (and
     ``bias``) and symmetric padding: a callable running it (then adding the residual, then
     ``activation``) with the :func:`best_conv` implementation, chosen on the first call for
     each input shape and memory format (``prefer``: see :func:`best_conv`); ``out=``: a
     buffer the result may be written into (:func:`writes_into`; used when the chosen
-    implementation can). ``None`` for other nodes."""
+    implementation can). ``impls``: see :func:`best_conv`. ``None`` for other nodes."""
     if op not in CONV_OPS or not onednn.usable(weight) or \
             activation not in onednn.POST_OPS:
         return None
@@ -152,7 +158,7 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         fn = cache.get(key)
         if fn is None:
             fn = cache[key] = best_conv(op, weight, bias, shape, st, pad, dil, groups, opad,
-                                        activation, residual, key[1], prefer, choices)
+                                        activation, residual, key[1], prefer, choices, impls)
         return onednn.call_into(fn, (x, *residual_input), out, made, key)
 
     return run

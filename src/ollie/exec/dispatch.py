@@ -6,14 +6,17 @@
   operands (:mod:`ollie.exec.linear`) and a ``Conv`` with a constant weight on the fastest
   convolution for its configuration (:func:`ollie.exec.conv.best_conv`), each measured on
   its first call; on CUDA both go through PyTorch (cuBLAS / cuDNN); ``G2BMM`` / ``GBMM`` run
-  the band kernels of :mod:`ollie.kernels.band`;
+  the band kernels of :mod:`ollie.kernels.band`, or with those switched off
+  (:data:`ollie.policy.BAND`) windowed ``torch.matmul`` products (:mod:`ollie.libs.torch_band`);
 * eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
   reference interpreter when asked (``backend="reference"``);
 * ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
 * ``Node`` kernels run one graph operator as it is (:mod:`ollie.exec.node`; operators Ollie
   does not rewrite, e.g. max pooling or softmax).
 
-``out``, when given, is a buffer the kernel may write its output into.
+``out``, when given, is a buffer the kernel may write its output into. Which of the
+hand-written kernels may be chosen is an :class:`ollie.policy.Implementations` passed to
+:func:`compile_kernel` (default: the settings').
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from ollie.exec.node import Env, KernelFn, node_fn
 from ollie.ir import Expr
 from ollie.libs.onednn import POST_OPS
 from ollie.libs.tensors import kernel_input
+from ollie.policy import BAND, Implementations
 from ollie.program import params as kp
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind
 from ollie.program.program import Program
+from ollie.settings import current
 
 OUT_KINDS = (KernelKind.EOP, KernelKind.MATMUL, KernelKind.G2BMM, KernelKind.GBMM)
 """Kernels that write into a given output buffer."""
@@ -52,7 +57,8 @@ def library_of(k: Kernel) -> str | None:
     return str(lib) if lib else None
 
 
-def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
+             impls: Implementations | None = None) -> KernelFn:
     """Symmetric padding runs ``conv2d``; with a constant weight on the CPU, the fastest library
     implementation (:func:`ollie.exec.conv.best_conv`: the weight packed for oneDNN once,
     here, plain torch, ONNX Runtime or a Winograd convolution), with ``alpha`` folded into the
@@ -89,7 +95,7 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
                 conv = chosen[fmt] = best_conv(
                     "Conv2d", w, bias, shape, stride, pad, dil,
                     activation=str(act) if act else None, residual=skip is not None,
-                    channels_last=fmt, prefer=library_of(k))
+                    channels_last=fmt, prefer=library_of(k), impls=impls)
             args = (x,) if skip is None else (x, env[skip])
             return onednn.call_into(conv, args, out, made, fmt)
 
@@ -115,7 +121,8 @@ def _conv_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> 
     return run
 
 
-def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
+               impls: Implementations | None = None) -> KernelFn:
     """``torch.matmul`` of the two inputs (read through their views) times ``alpha``; on the
     CPU (``constants`` given) the fastest library for the operands' shapes and strides
     (:func:`ollie.exec.linear.best_product`: MKL or oneDNN, either orientation, a constant
@@ -134,7 +141,8 @@ def _matmul_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None) -
             impl = chosen.get(key)
             if impl is None:
                 impl = chosen[key] = linear.best_product(
-                    a, b, constant=(k.inputs[0] in constants, k.inputs[1] in constants))
+                    a, b, constant=(k.inputs[0] in constants, k.inputs[1] in constants),
+                    impls=impls)
             name, fn = impl
         if name != "MKL":
             y = fn(a, b)
@@ -301,11 +309,14 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     return run
 
 
-def _band_fn(k: Kernel) -> KernelFn:
-    """G2BMM / GBMM (:mod:`ollie.kernels.band`), into ``out`` when one is given."""
+def _band_fn(k: Kernel, impls: Implementations) -> KernelFn:
+    """G2BMM / GBMM (:mod:`ollie.kernels.band`), into ``out`` when one is given; where
+    ``impls`` leaves the band kernels out, the vendor path of :mod:`ollie.libs.torch_band`."""
+    p = k.params
+    if not impls.allows(BAND):
+        return _vendor_band_fn(k)
     from ollie.kernels import band
 
-    p = k.params
     assert isinstance(p, kp.G2BMMParams | kp.GBMMParams)
     w, d = int(p.w), int(p.d)
     alpha = float(p.alpha)
@@ -319,6 +330,23 @@ def _band_fn(k: Kernel) -> KernelFn:
             if out.numel() == int(np.prod(want)):
                 target = out.view(want)
         y = op(a, b, w, d, out=target)
+        return y if alpha == 1.0 else y.mul_(alpha)
+
+    return run
+
+
+def _vendor_band_fn(k: Kernel) -> KernelFn:
+    """G2BMM / GBMM as windowed ``torch.matmul`` products (:mod:`ollie.libs.torch_band`)."""
+    from ollie.libs import torch_band
+
+    p = k.params
+    assert isinstance(p, kp.G2BMMParams | kp.GBMMParams)
+    w, d = int(p.w), int(p.d)
+    alpha = float(p.alpha)
+    op = torch_band.g2bmm if k.kind is KernelKind.G2BMM else torch_band.gbmm
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        y = op(kernel_input(k, 0, env), kernel_input(k, 1, env), w, d)
         return y if alpha == 1.0 else y.mul_(alpha)
 
     return run
@@ -338,12 +366,14 @@ def _alias_fn(k: Kernel) -> KernelFn:
 
 
 def compile_kernel(k: Kernel, backend: str = "cpu",
-                   constants: Mapping[str, torch.Tensor] | None = None) -> KernelFn:
+                   constants: Mapping[str, torch.Tensor] | None = None,
+                   impls: Implementations | None = None) -> KernelFn:
     """A callable ``(env, out) -> tensor`` executing ``k``; the result has the shape of the
     kernel's expression (library operators compute it in a compatible flat layout).
     ``constants``: the program's constant tensors, which a kernel may pre-process once (a
-    convolution's weight packed for oneDNN)."""
-    fn = _compile(k, backend, constants)
+    convolution's weight packed for oneDNN). ``impls``: the implementations it may choose
+    among (:mod:`ollie.policy`; default the settings')."""
+    fn = _compile(k, backend, constants, impls or current().implementations)
     shape = tuple(k.output_shape)
 
     def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
@@ -353,27 +383,27 @@ def compile_kernel(k: Kernel, backend: str = "cpu",
     return run
 
 
-def plain_kernel(k: Kernel) -> KernelFn:
+def plain_kernel(k: Kernel, impls: Implementations | None = None) -> KernelFn:
     """``k`` run on the CPU with PyTorch's plain operators (:func:`compile_kernel` without
-    constants: no library choice timed): what an ONNX Runtime region is checked against
-    (:func:`ollie.backends.onnxrt.region.build_region`)."""
-    return compile_kernel(k, "cpu", None)
+    constants: no library choice timed; ``impls`` as there): what an ONNX Runtime region is
+    checked against (:func:`ollie.backends.onnxrt.region.build_region`)."""
+    return compile_kernel(k, "cpu", None, impls)
 
 
-def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None
-             ) -> KernelFn:
+def _compile(k: Kernel, backend: str, constants: Mapping[str, torch.Tensor] | None,
+             impls: Implementations) -> KernelFn:
     if k.kind is KernelKind.EOP:
         return _eop_fn(k, backend)
     if k.kind is KernelKind.CONV:
-        return _conv_fn(k, constants if backend == "cpu" else None)
+        return _conv_fn(k, constants if backend == "cpu" else None, impls)
     if k.kind is KernelKind.MATMUL:
-        return _matmul_fn(k, constants if backend == "cpu" else None)
+        return _matmul_fn(k, constants if backend == "cpu" else None, impls)
     if k.kind is KernelKind.ALIAS:
         return _alias_fn(k)
     if k.kind is KernelKind.NODE:
-        return node_fn(k, constants if backend == "cpu" else None, library_of(k))
+        return node_fn(k, constants if backend == "cpu" else None, library_of(k), impls)
     if k.kind in kp.BAND_KINDS:
-        return _band_fn(k)
+        return _band_fn(k, impls)
     if k.kind in library.RUNNERS:
         return lambda env, out: library.run_kernel(k, env)
     raise UnsupportedError(f"no runtime for kernel kind '{k.kind}'")

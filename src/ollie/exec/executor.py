@@ -18,6 +18,7 @@ last use (:func:`ollie.libs.onednn.writes_into`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 
@@ -30,9 +31,11 @@ from ollie.exec.buffers import BufferCache
 from ollie.exec.dispatch import OUT_KINDS, compile_kernel, plain_kernel
 from ollie.exec.node import Env, KernelFn, writes_out
 from ollie.libs.onednn import dense
+from ollie.policy import Implementations
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, constant_array
+from ollie.settings import current
 
 __all__ = ["PROFILE_CALLS", "CompiledProgram", "compile_kernel"]
 
@@ -72,12 +75,15 @@ class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
 
     def __init__(self, program: Program, device: str = "cpu", backend: str | None = None,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, impls: Implementations | None = None) -> None:
         """``cuda_graphs``: on a CUDA device, run the program as it is on its first call, capture
         it as a CUDA graph on its second and replay that from then on
-        (:mod:`ollie.exec.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``)."""
+        (:mod:`ollie.exec.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``).
+        ``impls``: the implementations its kernels may choose among (:mod:`ollie.policy`;
+        default: the settings' in effect now, kept for every later call)."""
         program.check()
         self.program = program
+        self.impls = impls or current().implementations
         # the device with its index resolved ("cuda" -> "cuda:0"), as tensors on it report it
         self.device = torch.empty(0, device=device).device
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
@@ -88,7 +94,7 @@ class CompiledProgram:
         self.followers: set[int] = set()  # a region's kernels after its first: nothing to run
         self.regions: dict[int, ort_region.Region] = {}  # by first kernel
         regions = self._regions()
-        self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants)
+        self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants, self.impls)
                     for i, k in enumerate(program.kernels)]
         self.in_region = [i in regions for i in range(len(program.kernels))]
         self.buffers = BufferCache() if self.device.type == "cpu" else None
@@ -124,7 +130,7 @@ class CompiledProgram:
         fns: dict[int, KernelFn] = {}
         for start, end in ort_region.groups(self.program):
             region = ort_region.build_region(self.program, start, end, self.constants,
-                                             plain_kernel)
+                                             functools.partial(plain_kernel, impls=self.impls))
             if region is None:
                 continue
             self.spins |= region.spinning

@@ -26,6 +26,8 @@ import torch
 from ollie.activations import ACTIVATIONS as FUSED
 from ollie.activations import identity
 from ollie.kernels import blocked_gemm
+from ollie.policy import BLOCKED_GEMM, Implementations
+from ollie.settings import current
 from ollie.tune.choice import Choices, shared
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,8 @@ def _usable(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                     activation: str | None = None,
-                    constant: tuple[bool, bool] = (False, False)) -> dict[str, Product]:
+                    constant: tuple[bool, bool] = (False, False),
+                    impls: Implementations | None = None) -> dict[str, Product]:
     """The implementations of ``(a, b) -> activation(a @ b + bias)`` that can run on operands
     like ``a`` and ``b``: ``"MKL"`` (``torch.matmul``) always, ``"MKL transposed"``
     (``(b.T @ a.T).T``, made contiguous) for 2-D operands, the oneDNN ones where ``b``
@@ -80,41 +83,45 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
     ``b`` with a multiple of 16 columns into the panels of the register-blocked kernel
     (``"blocked"``, :mod:`ollie.kernels.blocked_gemm`): oneDNN's primitive
     otherwise re-lays out its weight on every call, which for a product with few rows is most
-    of its time (measured: docs/design/003-library-kernels-on-the-cpu.md)."""
+    of its time (measured: docs/design/003-library-kernels-on-the-cpu.md). ``impls``: the
+    implementations allowed (default the settings'; without
+    :data:`~ollie.policy.BLOCKED_GEMM` no ``"blocked"``)."""
     post = ACTIVATIONS[activation]
+    impls = impls or current().implementations
 
     def mkl(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = torch.matmul(x, y)
         return post(z if bias is None else z.add_(bias))
 
-    impls: dict[str, Product] = {"MKL": mkl}
+    products: dict[str, Product] = {"MKL": mkl}
     if _matrix(a).dim() == 2 and _matrix(b).dim() == 2:
         def mkl_transposed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             z = torch.matmul(_matrix(y).t(), _matrix(x).t()).t().contiguous()
             return post(z if bias is None else z.add_(bias))
 
-        impls["MKL transposed"] = mkl_transposed
+        products["MKL transposed"] = mkl_transposed
     if not _usable(a, b):
-        return impls
+        return products
     op = torch.ops.mkldnn._linear_pointwise
     attr = activation or "none"
     if _matrix(b).dim() == 2:
-        impls["oneDNN"] = lambda x, y: op(x, _matrix(y).t(), bias, attr, [], "")
+        products["oneDNN"] = lambda x, y: op(x, _matrix(y).t(), bias, attr, [], "")
     if _matrix(a).dim() == 2 and _matrix(b).dim() == 2 and bias is None:
         # (a @ b) = (b.T @ a.T).T: a as the primitive's weight, the result transposed back
-        impls["oneDNN transposed"] = lambda x, y: post(
+        products["oneDNN transposed"] = lambda x, y: post(
             op(_matrix(y).t(), _matrix(x), None, "none", [], "").t().contiguous())
     if constant[1] and _matrix(b).dim() == 2:
         rows = a.numel() // max(a.shape[-1], 1)
-        impls["oneDNN packed"] = _packed(_matrix(b).t(), rows, lambda x, w: op(
+        products["oneDNN packed"] = _packed(_matrix(b).t(), rows, lambda x, w: op(
             x, w, bias, attr, [], ""))
-    if constant[1] and _matrix(b).dim() == 2 and blocked_gemm.applies(_matrix(b).shape[1]):
-        impls["blocked"] = _blocked(_matrix(b), bias, post)
+    if constant[1] and _matrix(b).dim() == 2 and impls.allows(BLOCKED_GEMM) and \
+            blocked_gemm.applies(_matrix(b).shape[1]):
+        products["blocked"] = _blocked(_matrix(b), bias, post)
     if constant[0] and _matrix(a).dim() == 2 and _matrix(b).dim() == 2 and bias is None:
-        impls["oneDNN packed transposed"] = _packed(_matrix(a), _matrix(b).shape[1], (
+        products["oneDNN packed transposed"] = _packed(_matrix(a), _matrix(b).shape[1], (
             lambda y, w: post(op(_matrix(y).t(), w, None, "none", [], "").t().contiguous())),
             operand=1)
-    return impls
+    return products
 
 
 def _packed(weight: torch.Tensor, rows: int, call: Callable[[torch.Tensor, torch.Tensor],
@@ -167,25 +174,28 @@ def _agrees(fn: Product, want: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -
 def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                  activation: str | None = None, prefer: str | None = None,
                  constant: tuple[bool, bool] = (False, False),
-                 choices: Choices | None = None) -> tuple[str, Product]:
+                 choices: Choices | None = None, impls: Implementations | None = None
+                 ) -> tuple[str, Product]:
     """``(name, fn)``: the fastest implementation (:func:`implementations`) for operands with
     the shapes and strides of ``a`` and ``b``, measured on them (alternately, cold caches, via
     :meth:`ollie.tune.choice.Choices.fastest`) and remembered per configuration; ``prefer``: use
     that implementation without measuring when it runs correctly. An implementation that
     disagrees with ``torch.matmul`` on ``a`` and ``b`` is never used. ``constant``: see
     :func:`implementations` (the caller passes the same constant operand on every call).
-    ``choices``: the table asked (default :func:`ollie.tune.choice.shared`)."""
+    ``choices``: the table asked (default :func:`ollie.tune.choice.shared`); ``impls``: the
+    implementations allowed (:func:`implementations`), part of the choice's key."""
+    policy = impls or current().implementations
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
-           activation, constant)
-    impls = implementations(a, b, bias, activation, constant)
+           activation, constant, *((policy.key,) if policy.key else ()))
+    products = implementations(a, b, bias, activation, constant, policy)
     with torch.inference_mode():
-        want = impls["MKL"](a, b)
+        want = products["MKL"](a, b)
         choices = choices or shared()
-        chosen = prefer if prefer in impls else choices.get(key)
-        if chosen in impls and (chosen == "MKL" or _agrees(impls[chosen], want, a, b)):
-            return chosen, impls[chosen]  # type: ignore[index]
+        chosen = prefer if prefer in products else choices.get(key)
+        if chosen in products and (chosen == "MKL" or _agrees(products[chosen], want, a, b)):
+            return chosen, products[chosen]  # type: ignore[index]
         usable: dict[str, Product | None] = {
-            n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in impls.items()}
+            n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in products.items()}
         fn = choices.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b))
     name = next(n for n, f in usable.items() if f is fn)
     if sum(f is not None for f in usable.values()) > 1:
@@ -201,14 +211,15 @@ PRODUCT_OPS = ("MatMul", "Gemm")
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
-                activation: str | None = None, residual: bool = False
-                ) -> Callable[..., torch.Tensor] | None:
+                activation: str | None = None, residual: bool = False,
+                impls: Implementations | None = None) -> Callable[..., torch.Tensor] | None:
     """For a ``MatMul`` / ``Gemm`` graph node whose second input (and bias) are constants: a
     callable ``x -> f(op(x))`` (with ``residual``, ``(x, r) -> f(op(x) + r)``) through the
     :func:`best_product` implementation, chosen on the first call for each input shape and
     layout, with Gemm's ``alpha`` folded into the weight and ``beta * C`` into the bias once.
     ``None`` for other nodes and for what it does not cover (a transposed first operand, a
-    bias that is not one value per output column, a weight that is not 2-D)."""
+    bias that is not one value per output column, a weight that is not 2-D). ``impls``: the
+    implementations allowed (:func:`best_product`)."""
     if op not in PRODUCT_OPS or activation not in ACTIVATIONS or weight.dim() != 2 or \
             weight.dtype != torch.float32 or weight.device.type != "cpu" or not available():
         return None
@@ -234,7 +245,8 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
         key = (tuple(x.shape), x.stride())
         fn = cache.get(key)
         if fn is None:
-            fn = cache[key] = best_product(x, w, c, act, constant=(False, True))[1]
+            fn = cache[key] = best_product(x, w, c, act, constant=(False, True),
+                                           impls=impls)[1]
         y = fn(x, w)
         y = y.reshape(*x.shape[:-1], w.shape[1])
         if residual_input:

@@ -2,7 +2,10 @@
 :func:`ollie.exec.dispatch.compile_kernel`. A convolution or matrix product with constant
 weights runs through the fastest library implementation, NCHW max pooling on the CPU through
 :mod:`ollie.kernels.pool`, softmax and max pooling into a given output buffer
-(:func:`writes_out`); anything else through the graph's reference executor."""
+(:func:`writes_out`); anything else through the graph's reference executor. Where the
+implementation policy (:mod:`ollie.policy`) leaves Ollie's kernels out, max pooling runs on
+PyTorch and G2BMM / GBMM operators as windowed ``torch.matmul`` products
+(:mod:`ollie.libs.torch_band`)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import torch
 from ollie.errors import ShapeError
 from ollie.exec import linear
 from ollie.libs.onednn import POST_OPS
+from ollie.policy import BAND, POOL, Implementations
 from ollie.program import params as kp
 from ollie.program.kernel import Kernel
+from ollie.settings import current
 
 if TYPE_CHECKING:
     from ollie.graph.ir import Node
@@ -27,7 +32,7 @@ KernelFn = Callable[[Env, "torch.Tensor | None"], torch.Tensor]
 
 
 def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
-            prefer: str | None = None) -> KernelFn:
+            prefer: str | None = None, impls: Implementations | None = None) -> KernelFn:
     """A graph operator run as it is; a convolution whose weight (and bias) are constants of
     the program runs through the fastest library implementation
     (:func:`ollie.exec.conv.node_runner`), a MatMul / Gemm with a constant weight through
@@ -35,8 +40,11 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
     pooling on the CPU through :mod:`ollie.kernels.pool`. A ``residual`` convolution
     (post-processing folded a following residual addition into it) reads the residual as its
     last input and adds it before its ``activation``. ``prefer``: the convolution library a
-    decision names (:func:`ollie.exec.dispatch.library_of`)."""
+    decision names (:func:`ollie.exec.dispatch.library_of`). ``impls``: the implementations
+    allowed (:mod:`ollie.policy`; default the settings')."""
     from ollie.graph import run_node
+
+    impls = impls or current().implementations
 
     p = k.params
     assert isinstance(p, kp.NodeParams)
@@ -55,14 +63,14 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
                                 constants[ins[1]],
                                 constants[ins[2]] if len(ins) == 3 else None,
                                 activation=str(act) if act else None, residual=residual,
-                                prefer=prefer)
+                                prefer=prefer, impls=impls)
         conv = fast is not None
         if fast is None:
             fast = linear.node_runner(node.op, dict(node.attrs),
                                       constants[ins[1]],
                                       constants[ins[2]] if len(ins) == 3 else None,
                                       activation=str(act) if act else None,
-                                      residual=residual)
+                                      residual=residual, impls=impls)
         if conv:   # the convolution writes into the buffer it is given, if any
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip], out=out)
@@ -71,8 +79,11 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
             if skip is not None:
                 return lambda env, out: fast(env[ins[0]], env[skip])
             return lambda env, out: fast(env[ins[0]])
-    if node.op == "MaxPool2d" and not residual and not act and not extra:
+    if node.op == "MaxPool2d" and not residual and not act and not extra and \
+            impls.allows(POOL):
         return _max_pool_fn(k, node)
+    if node.op in BAND_OPS and not impls.allows(BAND) and not extra:
+        return _vendor_band_fn(node, ins, skip, post)
     if node.op == "Softmax" and not residual and not act and not extra:
         return _softmax_fn(node)
 
@@ -87,6 +98,28 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
                                  f"{list(t.shape)}, declared {list(want)}")
             env[name] = t
         y = outs[0]
+        if skip is not None:
+            y = y + env[skip]
+        return y if post is None else post(y)
+
+    return run
+
+
+BAND_OPS = ("G2BMM", "GBMM")
+"""Graph operators of the band products."""
+
+
+def _vendor_band_fn(node: Node, ins: list[str], skip: str | None,
+                    post: Callable[[torch.Tensor], torch.Tensor] | None) -> KernelFn:
+    """A G2BMM / GBMM operator (``width``, ``dilation``) on :mod:`ollie.libs.torch_band`."""
+    from ollie.libs import torch_band
+
+    a = dict(node.attrs)
+    w, d = int(a["width"]), int(a.get("dilation", 1))
+    op = torch_band.g2bmm if node.op == "G2BMM" else torch_band.gbmm
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        y = op(env[ins[0]], env[ins[1]], w, d)
         if skip is not None:
             y = y + env[skip]
         return y if post is None else post(y)

@@ -44,6 +44,7 @@ from ollie.exec.conv import ANY_OF, CONV_OPS, WINOGRAD, offers_winograd
 from ollie.program.kernel import Kernel
 from ollie.program.params import ConvParams, KernelKind, NodeParams
 from ollie.program.program import Program
+from ollie.settings import current
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 
 log = logging.getLogger(__name__)
@@ -251,12 +252,14 @@ def alternative_of(decision: LibraryDecision | None) -> str | None:
 
 
 def variant(prog: Program, name: str) -> Program | None:
-    """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``)."""
+    """``prog`` under decision ``name`` (None: the decision does not apply to ``prog``, or
+    names an implementation the settings' policy leaves out, :mod:`ollie.policy`)."""
     if name == PER_OPERATOR:
         return prog
-    if name in (ONEDNN_WINOGRAD, WINOGRAD_ALL) and not any(
-            is_library_conv(k) and winograd_applies(k, prog) for k in prog.kernels):
-        return None  # as UNIFORM[0]
+    if name in (ONEDNN_WINOGRAD, WINOGRAD_ALL) and (
+            not current().implementations.allows(WINOGRAD) or not any(
+                is_library_conv(k) and winograd_applies(k, prog) for k in prog.kernels)):
+        return None  # as UNIFORM[0]; or the policy leaves Winograd out (ollie.policy)
     if name == WINOGRAD_ALL:
         kernels = [replace(k, params=replace(k.params, library=WINOGRAD if winograd_applies(
             k, prog) else UNIFORM[0])) if is_library_conv(k) else k for k in prog.kernels]

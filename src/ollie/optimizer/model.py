@@ -25,20 +25,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from ollie.caches import release_caches
-from ollie.errors import OllieError, check_settings
+from ollie.errors import OllieError
 from ollie.exec.dispatch import precompile_programs
 from ollie.exec.executor import CompiledProgram
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
+from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
     ORIGINAL,
@@ -71,8 +72,8 @@ from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
 from ollie.search.instantiate import Instantiator
+from ollie.settings import using
 from ollie.tune.cache import CostCache, device_key
-from ollie.tune.measure import SETTLE_SECONDS
 
 log = logging.getLogger(__name__)
 CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
@@ -81,40 +82,6 @@ or run as a library ``Conv`` kernel."""
 PASS_LAYOUT_OPS = ("Relu", "Tanh", "Sigmoid", "Add", "MaxPool2d")
 """Operators whose output keeps the memory format of a channels-last input: fused into the
 convolution before them (activations, residual additions) or run by torch (max pooling)."""
-
-
-@dataclass(frozen=True)
-class OptimizeConfig:
-    """Settings of :func:`optimize` (the CLI maps its flags onto these)."""
-
-    device: str = "cpu"
-    max_depth: int = 2
-    time_budget: float = 30.0     # seconds of search per distinct subprogram
-    max_candidates: int = 8       # candidates measured per subprogram
-    use_cache: bool = True
-    check_rtol: float = 1e-3
-    seed: int = 0
-    choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
-    context: bool = True          # CPU: switch each rewrite on / off in the whole program
-    merge_siblings: bool = True   # sibling operators (Q/K/V) as one subprogram when faster
-    # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
-    # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
-    # optimisation whose comparisons of such programs are less faithful (the test suite)
-    settle: float = SETTLE_SECONDS
-
-    def __post_init__(self) -> None:
-        kind, _, index = self.device.partition(":") if isinstance(self.device, str) else ("",
-                                                                                        "", "")
-        check_settings("OptimizeConfig", {
-            "device": (self.device, kind in ("cpu", "cuda") and (not index or index.isdigit())
-                       and (kind != "cuda" or torch.cuda.is_available()),
-                       "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
-            "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
-            "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
-            "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
-            "check_rtol": (self.check_rtol, self.check_rtol > 0, "> 0"),
-            "settle": (self.settle, self.settle >= 0, ">= 0 seconds"),
-        })
 
 
 # --------------------------------------------------------------------- the optimizer
@@ -151,7 +118,8 @@ class _Optimizer:
         kernels: list[Kernel] = []
         total = sum(n.op in COMPUTE_OPS for n in self.graph.nodes)
         done = 0
-        groups = {g[0].name: g for g in sibling_groups(self.graph) if self.config.merge_siblings}
+        groups = {g[0].name: g for g in sibling_groups(self.graph)
+                  if self.config.merge_siblings and self.config.derivation}
         decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
         placed: set[str] = set()  # members a merged group computes
         for node in self.graph.nodes:
@@ -247,6 +215,8 @@ class _Optimizer:
                               prefix=node.name)
 
     def compute_node(self, node: Node) -> list[Kernel]:
+        if not self.config.derivation:  # OptimizeConfig.derivation off: the original operator
+            return self.node_kernel(node)
         try:
             low = self.graph.lower_node(node)
         except OllieError as exc:
@@ -438,7 +408,10 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     Every error raised on purpose is an :class:`~ollie.errors.OllieError`."""
     cfg = replace(config or OptimizeConfig(), device=device, **overrides)
     try:
-        return _optimize(model, example_inputs, cfg, progress)
+        with using(implementations=cfg.implementations()):  # OptimizeConfig.kernel_library
+            result = _optimize(model, example_inputs, cfg, progress)
+        result.notes[:0] = cfg.switch_notes()
+        return result
     except OllieError:
         raise
     except Exception as exc:

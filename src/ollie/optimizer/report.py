@@ -16,6 +16,7 @@ import torch
 from ollie.errors import OllieError
 from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.final import ORIGINAL
+from ollie.policy import Implementations
 from ollie.program.kernel import Kernel
 from ollie.program.params import EOpParams
 from ollie.program.program import Program, kernel_from_json, kernel_to_json
@@ -58,16 +59,21 @@ class SubprogramReport:
 
 @dataclass
 class OptimizedModel:
-    """A callable optimised program with its report; ``save`` / :func:`load`."""
+    """A callable optimised program with its report; ``save`` / :func:`load`.
+    ``implementations``: what the program may run on (:mod:`ollie.policy`; None: the
+    settings' in effect when it is made, then set to those); saved with it."""
 
     program: Program
     report: list[SubprogramReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     input_names: tuple[str, ...] = ()
     device: str = "cpu"
+    implementations: Implementations | None = None
 
     def __post_init__(self) -> None:
-        self._compiled = CompiledProgram(self.program, self.device)
+        self._compiled = CompiledProgram(self.program, self.device,
+                                         impls=self.implementations)
+        self.implementations = self._compiled.impls
 
     def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The program's output(s) for ``inputs``, one per model input: tensors (or numpy
@@ -80,8 +86,10 @@ class OptimizedModel:
         """Write the program (:meth:`ollie.program.program.Program.save`) and its report into
         the folder ``path``; :func:`load` reads them back."""
         self.program.save(path)
+        impls = self._compiled.impls
         (Path(path) / "report.json").write_text(json.dumps(
-            {"report": [r.to_json() for r in self.report], "notes": self.notes}, indent=1))
+            {"report": [r.to_json() for r in self.report], "notes": self.notes,
+             **({"implementations": sorted(impls.allowed)} if impls.key else {})}, indent=1))
 
     def summary(self) -> str:
         lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
@@ -117,7 +125,8 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
         log.warning("%s: %s", path, note)
         notes = [*notes, note]
     try:
-        return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device)
+        return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device,
+                              _saved_implementations(Path(path) / "report.json"))
     except OllieError:
         raise
     except Exception as exc:  # a well-formed program whose kernels cannot be built here
@@ -143,6 +152,24 @@ def _read_report(path: Path) -> tuple[list[SubprogramReport], list[str]]:
         log.warning("%s: report not read (%s); the program is loaded without it", path,
                     str(exc)[:200])
         return [], []
+
+
+def _saved_implementations(path: Path) -> Implementations | None:
+    """The implementation policy a program was saved with (``report.json``'s
+    ``implementations``), or None: none saved (every implementation), or not readable (a
+    warning; the settings' policy then applies)."""
+    try:
+        doc = json.loads(path.read_bytes()) if path.exists() else {}
+        names = doc.get("implementations") if isinstance(doc, dict) else None
+        if names is None:
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("'implementations' must be a list of names")
+        return Implementations(frozenset(names))
+    except (OSError, ValueError, RecursionError) as exc:
+        log.warning("%s: implementation policy not read (%s); the settings' applies", path,
+                    str(exc)[:200])
+        return None
 
 
 def _report_entry(doc: object) -> SubprogramReport:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ollie.cachedir import cache_root
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,14 @@ older runtime are not reused (what each version changed: docs/design/010-caches.
 def device_key(device: str) -> str:
     """A description of the device (and runtime version) measurements are valid for; on CUDA
     also whether cuDNN / cuBLAS may use TensorFloat-32 and whether programs replay as CUDA
-    graphs (either changes the times)."""
+    graphs (either changes the times); under a restricted implementation policy (the
+    settings' :attr:`~ollie.settings.Settings.implementations`, :mod:`ollie.policy`), also
+    its key, so that no choice or time made with the kernel library is reused without it."""
+    policy = current().implementations.key
+    return _device(device) + (f":{policy}" if policy else "")
+
+
+def _device(device: str) -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         from ollie.tune import graphs
 

@@ -1,0 +1,78 @@
+"""The options of ``ollie.optimize`` (:class:`OptimizeConfig`), checked when made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ollie.errors import check_settings
+from ollie.policy import VENDOR_ONLY, Implementations
+from ollie.settings import current
+from ollie.tune.measure import SETTLE_SECONDS
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """Settings of :func:`ollie.optimizer.model.optimize` (the CLI maps its flags onto
+    these).
+
+    ``kernel_library``: the program may run on Ollie's hand-written kernels (Winograd
+    convolutions, the blocked GEMM, the band kernels, max pooling; :mod:`ollie.policy`) where
+    they measure faster; off, on the vendor libraries only (oneDNN, MKL, PyTorch, ONNX
+    Runtime, cuDNN / cuBLAS), in the search's measurements, the library choices and the
+    returned program alike. ``derivation``: each subprogram is derived and its fastest
+    verified program chosen; off, every subprogram keeps its original operator (no search),
+    while the rest of the pipeline (post-processing, library choice, the end-to-end check)
+    runs as usual."""
+
+    device: str = "cpu"
+    max_depth: int = 2
+    time_budget: float = 30.0     # seconds of search per distinct subprogram
+    max_candidates: int = 8       # candidates measured per subprogram
+    use_cache: bool = True
+    check_rtol: float = 1e-3
+    seed: int = 0
+    choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
+    context: bool = True          # CPU: switch each rewrite on / off in the whole program
+    merge_siblings: bool = True   # sibling operators (Q/K/V) as one subprogram when faster
+    # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
+    # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
+    # optimisation whose comparisons of such programs are less faithful (the test suite)
+    settle: float = SETTLE_SECONDS
+    kernel_library: bool = True   # Ollie's hand-written kernels allowed (ollie.policy)
+    derivation: bool = True       # subprograms derived and searched; off: originals kept
+
+    def __post_init__(self) -> None:
+        kind, _, index = self.device.partition(":") if isinstance(self.device, str) else ("",
+                                                                                        "", "")
+        check_settings("OptimizeConfig", {
+            "device": (self.device, kind in ("cpu", "cuda") and (not index or index.isdigit())
+                       and (kind != "cuda" or torch.cuda.is_available()),
+                       "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
+            "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
+            "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
+            "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
+            "check_rtol": (self.check_rtol, self.check_rtol > 0, "> 0"),
+            "settle": (self.settle, self.settle >= 0, ">= 0 seconds"),
+        })
+
+    def implementations(self) -> Implementations:
+        """The implementation policy the optimisation runs under: the settings'
+        (:attr:`ollie.settings.Settings.implementations`), or the vendor libraries only when
+        :attr:`kernel_library` is off."""
+        return current().implementations if self.kernel_library else VENDOR_ONLY
+
+    def switch_notes(self) -> list[str]:
+        """Notes for the report saying which of :attr:`derivation` and :attr:`kernel_library`
+        were off (none when both are on)."""
+        out = []
+        if not self.derivation:
+            out.append("derivation off: every subprogram kept its original operator (no "
+                       "search)")
+        if not self.kernel_library:
+            out.append(f"kernel library off: {self.implementations().describe()}")
+        return out
+
+
+__all__ = ["OptimizeConfig"]
