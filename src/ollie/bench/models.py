@@ -169,17 +169,23 @@ CNN_WIDTH, CNN_SIZE = 32, 112
 
 def expand(models: Sequence[str]) -> tuple[str, ...]:
     """Model names with ``cnn:all`` expanded to every architecture of
-    :mod:`ollie.testing.cnns`."""
+    :mod:`ollie.testing.cnns`, ``tv:all`` / ``hf:all`` to the torchvision / transformers
+    suites (:mod:`ollie.zoo.external`)."""
     from ollie.testing.cnns import ARCHITECTURES
+    from ollie.zoo.external import HF_MODELS, TORCHVISION_MODELS
 
+    suites = {CNN_PREFIX + "all": [CNN_PREFIX + a for a in ARCHITECTURES],
+              "tv:all": ["tv:" + a for a in TORCHVISION_MODELS],
+              "hf:all": ["hf:" + a for a in HF_MODELS]}
     out: list[str] = []
     for m in models:
-        out += [CNN_PREFIX + a for a in ARCHITECTURES] if m == CNN_PREFIX + "all" else [m]
+        out += suites.get(m, [m])
     return tuple(out)
 
 
 def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """A zoo model, or a ``cnn:NAME`` architecture with seeded inputs, for ``batch``."""
+    """A zoo model (``tv:NAME`` / ``hf:NAME`` included), or a ``cnn:NAME`` architecture with
+    seeded inputs, for ``batch``."""
     if not name.startswith(CNN_PREFIX):
         return ollie.zoo.get(name, batch)
     from ollie.testing.cnns import build as build_cnn

@@ -43,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "PyTorch eager, torch.compile and ONNX Runtime")
     m.add_argument("--models", nargs="+", default=None,
                    help="zoo models (default: all seven); cnn:NAME for an architecture of "
-                        "ollie.testing.cnns (cnn:all: all twelve)")
+                        "ollie.testing.cnns (cnn:all: all twelve); tv:NAME / hf:NAME for "
+                        "torchvision / transformers models (tv:all, hf:all: the suites; "
+                        "extra 'models')")
     m.add_argument("--batches", nargs="+", type=int, default=[1, 16],
                    help="batch sizes (default: 1 16)")
     m.add_argument("--budget", type=float, default=20.0,
