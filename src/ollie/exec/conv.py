@@ -26,6 +26,12 @@ WINOGRAD = "Winograd"
 """The name of the Winograd convolutions (:func:`ollie.kernels.winograd.winograd_conv2d`,
 :func:`~ollie.kernels.winograd.winograd_conv_transpose2d`) among the implementations."""
 
+TORCH = "torch"
+"""The name of PyTorch's own implementation (what the framework calls for the original
+operator) among the implementations; the baseline a measured choice must beat with confidence
+(:meth:`ollie.tune.choice.Choices.fastest`). A ``Node`` kernel whose ``params.library`` is
+this runs PyTorch's implementation whatever its operator (:func:`ollie.exec.node.node_fn`)."""
+
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
 
@@ -84,6 +90,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     have (``channels_last``: the output of a packed oneDNN convolution is; an implementation
     that needs NCHW pays for the conversion in its time). ``prefer`` names an implementation
     to use without measuring when it is available (:meth:`ollie.tune.choice.Choices.fastest_of`);
+    another implementation replaces plain torch (:data:`TORCH`, what the framework calls) only
+    when measured faster with confidence (:meth:`ollie.tune.choice.Choices.fastest`);
     ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`)."""
     from ollie.kernels import winograd
     from ollie.libs import ort_conv
@@ -108,7 +116,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     key = (op, tuple(weight.shape), input_shape, stride, padding, dilation, groups,
            output_padding, activation, bias is None, residual, channels_last)
     builders: dict[str, Callable[[], Conv | None]] = {
-        "oneDNN packed": packed, "torch": lambda: plain,
+        "oneDNN packed": packed, TORCH: lambda: plain,
         "ONNX Runtime": lambda: ort_conv.ort_conv(op, weight, bias, input_shape, stride,
                                                   padding, dilation, groups, output_padding,
                                                   activation, residual)}
@@ -120,7 +128,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation, residual))
     return (choices or shared()).fastest_of(
         builders, input_shape, key,
-        lambda: onednn.probes(input_shape, plain, residual, channels_last), prefer)
+        lambda: onednn.probes(input_shape, plain, residual, channels_last), prefer, TORCH)
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -158,5 +166,5 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     return run
 
 
-__all__ = ["ANY_OF", "CONV_OPS", "WINOGRAD", "WINOGRAD_MIN_FLOPS", "best_conv", "direct_flops",
-           "node_runner", "offers_winograd"]
+__all__ = ["ANY_OF", "CONV_OPS", "TORCH", "WINOGRAD", "WINOGRAD_MIN_FLOPS", "best_conv",
+           "direct_flops", "node_runner", "offers_winograd"]
