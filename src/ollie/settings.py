@@ -4,7 +4,8 @@
 compile ahead on every core, whether CUDA programs replay as CUDA graphs, whether CUDA
 eOperators run on Triton's CPU interpreter, the clocks of time budgets and of measurements, the
 sleep of a measurement's settle, what the garbage collector does while Ollie times or
-searches, and which implementations programs may run on (:mod:`ollie.policy`).
+searches, which implementations programs may run on (:mod:`ollie.policy`), and the load
+average that tells whether a measurement was made on a busy machine.
 
 The process's settings are read from the environment once, at the first :func:`current`
 (:func:`from_environ` says which variable sets which field; README.md lists them). Nothing
@@ -51,6 +52,14 @@ Clock = Callable[[], float]
 """A time source: seconds from an arbitrary origin, never decreasing."""
 
 
+def _load_average() -> float:
+    """The one-minute load average, 0.0 where the system has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every process-wide choice of Ollie, as one immutable value.
@@ -71,6 +80,10 @@ class Settings:
     time source of every measurement (:mod:`ollie.tune.measure`). A test's fake clocks:
     :mod:`ollie.testing.clock`. ``sleep``: how a measurement waits for other threads to go
     idle (its ``settle``); a test passes one that only records.
+
+    ``load``: the machine's one-minute load average (runnable processes; :func:`os.getloadavg`,
+    0 where there is none); a measured choice made while it is high is measured again before
+    it is kept (:func:`ollie.tune.decide.busy`). A test passes a constant.
 
     ``pause_gc_while_timing``: Python's cyclic collector is off while a measurement times
     (:func:`ollie.tune.measure.gc_paused`).
@@ -96,6 +109,7 @@ class Settings:
     search_clock: Clock = time.perf_counter
     measure_clock: Clock = time.perf_counter
     sleep: Callable[[float], object] = time.sleep
+    load: Callable[[], float] = _load_average
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL

@@ -56,3 +56,63 @@ def test_choosers_ask_the_settings_choices_unless_given_one():
     outer = current().choices
     with using(precompile=False):  # a block that does not replace the table shares it
         assert choice.shared().table is outer
+
+
+def _timings(**medians: float):
+    from ollie.tune.measure import Timings
+
+    return Timings({n: [t] * 7 for n, t in medians.items()})
+
+
+def test_pick_replaces_the_framework_only_when_faster_with_confidence():
+    """Cold and warm probes: another implementation is chosen only when faster than the
+    baseline with confidence in one and not slower with confidence in the other."""
+    from ollie.tune.choice import pick
+
+    assert pick(_timings(torch=1.0, dnn=0.8), _timings(torch=1.0, dnn=0.8), "torch") == "dnn"
+    assert pick(_timings(torch=1.0, dnn=0.8), _timings(torch=1.0, dnn=1.0), "torch") == "dnn"
+    # faster cold, slower warm (a cold-probe choice slow in the program): the framework's
+    assert pick(_timings(torch=1.0, dnn=0.8), _timings(torch=1.0, dnn=1.3), "torch") == "torch"
+    # within the margin: the framework's
+    assert pick(_timings(torch=1.0, dnn=0.99), _timings(torch=1.0, dnn=0.99), "torch") == \
+        "torch"
+    # no baseline: the least cold + warm
+    assert pick(_timings(a=1.0, b=0.8), _timings(a=1.0, b=1.3)) == "a"
+
+
+def _scripted_probes(monkeypatch, *probes):
+    """``choice.probe`` returning the given (cold, warm) timings in turn."""
+    left = list(probes)
+    seen: list[tuple[str, ...]] = []
+
+    def probe(impls, args, rounds=choice.PROBE_ROUNDS):
+        seen.append(tuple(sorted(impls)))
+        return left.pop(0)
+
+    monkeypatch.setattr(choice, "probe", probe)
+    return seen
+
+
+def test_a_choice_made_under_load_is_remembered_only_if_probed_again_alike(monkeypatch,
+                                                                           ollie_settings):
+    def a(x):
+        return x
+
+    def b(x):
+        return x
+
+    slept: list[float] = []
+    ollie_settings(load=lambda: 1e6, sleep=slept.append)  # a busy machine
+    wins = (_timings(torch=1.0, dnn=0.5), _timings(torch=1.0, dnn=0.5))
+    loses = (_timings(torch=1.0, dnn=1.5), _timings(torch=1.0, dnn=1.5))
+    c = Choices()
+    seen = _scripted_probes(monkeypatch, wins, loses)
+    assert c.fastest({"torch": a, "dnn": b}, (2,), ("k",), baseline="torch") is a
+    assert ("k",) not in c and len(slept) == 1 and seen == [("dnn", "torch")] * 2
+    seen = _scripted_probes(monkeypatch, wins, wins)
+    assert c.fastest({"torch": a, "dnn": b}, (2,), ("k",), baseline="torch") is b
+    assert c.get(("k",)) == "dnn" and len(seen) == 2
+    ollie_settings(load=lambda: 0.0)  # quiet, and a baseline without spread: one probe
+    seen = _scripted_probes(monkeypatch, wins)
+    assert c.fastest({"torch": a, "dnn": b}, (2,), ("k2",), baseline="torch") is b
+    assert c.get(("k2",)) == "dnn" and len(seen) == 1

@@ -25,6 +25,12 @@ from ollie.policy import WINOGRAD, Implementations
 from ollie.settings import current
 from ollie.tune.choice import ANY_OF, Choices, shared
 
+TORCH = "torch"
+"""The name of PyTorch's own implementation (what the framework calls for the original
+operator) among the implementations; the baseline a measured choice must beat with confidence
+(:meth:`ollie.tune.choice.Choices.fastest`). A ``Node`` kernel whose ``params.library`` is
+this runs PyTorch's implementation whatever its operator (:func:`ollie.exec.node.node_fn`)."""
+
 CONV_OPS = ("Conv2d", "ConvTranspose2d")
 """Graph operators :func:`node_runner` runs through :func:`best_conv`."""
 
@@ -84,6 +90,8 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     have (``channels_last``: the output of a packed oneDNN convolution is; an implementation
     that needs NCHW pays for the conversion in its time). ``prefer`` names an implementation
     to use without measuring when it is available (:meth:`ollie.tune.choice.Choices.fastest_of`);
+    another implementation replaces plain torch (:data:`TORCH`, what the framework calls) only
+    when measured faster with confidence (:meth:`ollie.tune.choice.Choices.fastest`);
     ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`);
     ``impls``: the implementations allowed (default the settings'; without
     :data:`~ollie.policy.WINOGRAD` no Winograd candidate), part of the choice's key."""
@@ -112,7 +120,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     impls = impls or current().implementations
     key = (*key, impls.key) if impls.key else key
     builders: dict[str, Callable[[], Conv | None]] = {
-        "oneDNN packed": packed, "torch": lambda: plain,
+        "oneDNN packed": packed, TORCH: lambda: plain,
         "ONNX Runtime": lambda: ort_conv.ort_conv(op, weight, bias, input_shape, stride,
                                                   padding, dilation, groups, output_padding,
                                                   activation, residual)}
@@ -125,7 +133,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                 activation, residual))
     return (choices or shared()).fastest_of(
         builders, input_shape, key,
-        lambda: onednn.probes(input_shape, plain, residual, channels_last), prefer)
+        lambda: onednn.probes(input_shape, plain, residual, channels_last), prefer, TORCH)
 
 
 def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -164,5 +172,5 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
     return run
 
 
-__all__ = ["ANY_OF", "CONV_OPS", "WINOGRAD", "WINOGRAD_MIN_FLOPS", "best_conv", "direct_flops",
-           "node_runner", "offers_winograd"]
+__all__ = ["ANY_OF", "CONV_OPS", "TORCH", "WINOGRAD", "WINOGRAD_MIN_FLOPS", "best_conv",
+           "direct_flops", "node_runner", "offers_winograd"]

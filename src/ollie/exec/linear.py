@@ -182,6 +182,8 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     that implementation without measuring when it runs correctly. An implementation that
     disagrees with ``torch.matmul`` on ``a`` and ``b`` is never used. ``constant``: see
     :func:`implementations` (the caller passes the same constant operand on every call).
+    Another implementation replaces ``MKL`` (``torch.matmul``, what the framework calls) only
+    when measured faster with confidence (:meth:`ollie.tune.choice.Choices.fastest`).
     ``choices``: the table asked (default :func:`ollie.tune.choice.shared`); ``impls``: the
     implementations allowed (:func:`implementations`), part of the choice's key."""
     policy = impls or current().implementations
@@ -196,12 +198,11 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
             return chosen, products[chosen]  # type: ignore[index]
         usable: dict[str, Product | None] = {
             n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in products.items()}
-        fn = choices.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b))
+        fn = choices.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b),
+                             baseline="MKL")
+    # remembered by ``fastest`` only when measured (operands with NaN or inf make every other
+    # implementation fail its check: MKL then, for the caller that saw them) and confirmed
     name = next(n for n, f in usable.items() if f is fn)
-    if sum(f is not None for f in usable.values()) > 1:
-        # remembered only when measured (operands with NaN or inf make every other
-        # implementation fail its check: MKL then, for the caller that saw them)
-        choices.remember(key, name)
     log.debug("matmul %s x %s: %s", list(a.shape), list(b.shape), name)
     return name, fn
 

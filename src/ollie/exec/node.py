@@ -16,6 +16,7 @@ import torch
 
 from ollie.errors import ShapeError
 from ollie.exec import linear
+from ollie.exec.conv import TORCH
 from ollie.libs.onednn import POST_OPS
 from ollie.policy import BAND, POOL, Implementations
 from ollie.program import params as kp
@@ -40,8 +41,10 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
     pooling on the CPU through :mod:`ollie.kernels.pool`. A ``residual`` convolution
     (post-processing folded a following residual addition into it) reads the residual as its
     last input and adds it before its ``activation``. ``prefer``: the convolution library a
-    decision names (:func:`ollie.exec.dispatch.library_of`). ``impls``: the implementations
-    allowed (:mod:`ollie.policy`; default the settings')."""
+    decision names (:func:`ollie.exec.dispatch.library_of`); ``prefer`` :data:`ollie.exec.conv.
+    TORCH`: PyTorch's implementation (a convolution: plain ``conv2d``; anything else: the graph's
+    reference executor). ``impls``: the implementations allowed (:mod:`ollie.policy`; default
+    the settings')."""
     from ollie.graph import run_node
 
     impls = impls or current().implementations
@@ -65,7 +68,7 @@ def node_fn(k: Kernel, constants: Mapping[str, torch.Tensor] | None = None,
                                 activation=str(act) if act else None, residual=residual,
                                 prefer=prefer, impls=impls)
         conv = fast is not None
-        if fast is None:
+        if fast is None and prefer != TORCH:
             fast = linear.node_runner(node.op, dict(node.attrs),
                                       constants[ins[1]],
                                       constants[ins[2]] if len(ins) == 3 else None,

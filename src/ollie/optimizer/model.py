@@ -33,12 +33,13 @@ import torch
 
 from ollie.caches import release_caches
 from ollie.errors import OllieError
+from ollie.exec.conv import TORCH
 from ollie.exec.dispatch import precompile_programs
-from ollie.exec.executor import CompiledProgram
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
+from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -63,11 +64,11 @@ from ollie.optimizer.report import (
     load,
     switched_on,
 )
-from ollie.optimizer.select import as_input, layout_key, select
+from ollie.optimizer.select import layout_key, select
 from ollie.passes.postprocess import describe as describe_postprocess
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
-from ollie.program.params import KernelKind, NodeParams
+from ollie.program.params import KernelKind
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
@@ -113,6 +114,8 @@ class _Optimizer:
         """Each alternative by its key."""
         self.keys: dict[str, SubprogramKey] = {}
         """Each key above (:attr:`SubprogramKey.text`) as the value it names."""
+        self.torch_originals: set[str] = set()
+        """Nodes whose original operator runs PyTorch's implementation when kept."""
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -190,8 +193,9 @@ class _Optimizer:
             self.channels_last.add(out)
 
     def node_kernel(self, node: Node) -> list[Kernel]:
-        """The node run as it is, by the reference executor."""
-        return [node_kernel(self.graph, node)]
+        """The node run as it is (PyTorch's implementation where its selection says so)."""
+        k = node_kernel(self.graph, node)
+        return [torch_original(k) if node.name in self.torch_originals else k]
 
     def other_node(self, node: Node) -> list[Kernel]:
         """Element-wise / layout operators as eOperators; the rest run as they are."""
@@ -241,9 +245,12 @@ class _Optimizer:
                 log.debug("search of %s failed", node.describe(), exc_info=True)
                 return self.node_kernel(node)
         out = self.memo[key]
-        self.report.append(SubprogramReport(node.name, node.op, node.op, out.label,
-                                            out.derivation, out.original_s * 1e3,
-                                            out.optimized_s * 1e3, reused, out.candidates))
+        if out.original_library == TORCH:
+            self.torch_originals.add(node.name)
+        self.report.append(SubprogramReport(
+            node.name, node.op, node.op, out.label, out.derivation, out.original_s * 1e3,
+            out.optimized_s * 1e3, reused, out.candidates,
+            eager_ms=None if out.eager_s is None else out.eager_s * 1e3))
         inverse = {canon: orig for orig, canon in names.items()}
         if out.kernels is None:
             alts = [(skey.with_alternative(i), a) for i, a in enumerate(out.alternatives)]
@@ -303,9 +310,9 @@ class _Optimizer:
         """The decision for a subprogram: from the decision cache, or by search + selection
         (inputs in ``channels_last`` measured as channels-last tensors)."""
         cfg = self.config
-        # "decision2": the key's version, bumped when what a decision holds changes
+        # "decision3": the key's version, bumped when what a decision holds changes
         # (history: docs/design/010-caches.md)
-        key = (f"decision2|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
+        key = (f"decision3|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
                f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
                f"{layout_key(channels_last)}")
         if self.cache is not None:
@@ -314,7 +321,9 @@ class _Optimizer:
             if cached is not None:
                 return cached
         out = self._search(node, expr, weights, channels_last)
-        if self.cache is not None:
+        if out.unconfirmed:
+            self.note(f"{node.describe()}: measured under load; not cached")
+        elif self.cache is not None:
             try:
                 self.cache.put_decision(key, out.to_json())
             except FormatError as exc:  # a kernel Ollie cannot write as data: not cached
@@ -329,11 +338,12 @@ class _Optimizer:
         with memory_guard():
             res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
-            sel = select(expr, res.candidates,
-                         self.original(node, expr, inputs, weights, channels_last),
-                         inputs, weights, cfg.device, self.cache, limit=cfg.max_candidates,
-                         channels_last=channels_last)
+            args = (node, expr, inputs, weights, cfg.device, channels_last)
+            sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
+                         cfg.device, self.cache, limit=cfg.max_candidates,
+                         channels_last=channels_last, eager=eager_runner(*args))
         best = sel.best
+        kept = best if best.program is None else sel.original  # the original, if it is kept
         ncand = res.stats["candidates"]
         if best.program is None or best.candidate is None:
             alternatives = [
@@ -341,29 +351,15 @@ class _Optimizer:
                              m.program.summary(), m.candidate.derivation, m.seconds)
                 for m in sel.alternatives() if m.candidate is not None and
                 m.program is not None] if torch.device(cfg.device).type == "cpu" else []
-            return Outcome(None, None, "original operator", [], sel.baseline.seconds,
-                            sel.baseline.seconds, ncand, alternatives)
-        cand = best.candidate
-        return Outcome(list(cand.kernels), cand.output, best.program.summary(),
-                        cand.derivation, sel.baseline.seconds, best.seconds, ncand)
-
-    def original(self, node: Node, expr: Expr, inputs: Mapping[str, np.ndarray],
-                 weights: Mapping[str, np.ndarray],
-                 channels_last: frozenset[str] = frozenset()) -> Callable[[], object]:
-        """The original operator as the optimised program would run it if kept (a ``Node``
-        kernel of the executor, weights as constants: a convolution's weight packed once),
-        on ``inputs``: the baseline every candidate must beat."""
-        canon = Node(node.op, tuple(n for n, _ in expr.decls), node.outputs,
-                     dict(node.attrs), node.name)
-        kernel = Kernel(KernelKind.NODE, NodeParams(node=canon, op=canon.op), canon.inputs,
-                        canon.outputs[0], None, (), tuple(expr.shape))
-        prog = Program(tuple((n, s) for n, s in expr.decls if n not in weights),
-                       (canon.outputs[0],), [kernel],
-                       {n: np.asarray(v, np.float32) for n, v in weights.items()})
-        compiled = CompiledProgram(prog, self.config.device)
-        feed = {n: as_input(inputs[n], self.config.device, n in channels_last)
-                for n, _ in prog.inputs}
-        return lambda: compiled.run(feed)
+            out = Outcome(None, None, "original operator", [], sel.baseline.seconds,
+                          best.seconds, ncand, alternatives)
+        else:
+            cand = best.candidate
+            out = Outcome(list(cand.kernels), cand.output, best.program.summary(),
+                          cand.derivation, sel.baseline.seconds, best.seconds, ncand)
+        return replace(out, eager_s=sel.eager.seconds if sel.eager else None,
+                       original_library=TORCH if kept is sel.eager else None,
+                       unconfirmed=sel.unconfirmed)
 
     def note(self, text: str) -> None:
         log.warning(text)

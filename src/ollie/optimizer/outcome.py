@@ -36,6 +36,14 @@ class Outcome:
     alternatives: list[Alternative] = field(default_factory=list)
     """When the original won alone: rewrites the context step tries in the whole program
     (:meth:`ollie.optimizer.select.Selection.alternatives`)."""
+    eager_s: float | None = None
+    """The original's time as the framework runs it (PyTorch), when measured."""
+    original_library: str | None = None
+    """The library the original operator runs when kept (:data:`ollie.exec.conv.TORCH`:
+    PyTorch's implementation, faster than Ollie's own choice), None: Ollie's choice."""
+    unconfirmed: bool = False
+    """Decided on a busy machine and not confirmed by a second measurement: never cached
+    (:attr:`ollie.optimizer.select.Selection.unconfirmed`)."""
 
     def to_json(self) -> str:
         kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]

@@ -101,6 +101,10 @@ class MergeOutcome:
     candidates: int
     verified: list[tuple[str, float]] = field(default_factory=list)
     """Each verified merged program's label and time alone (seconds), fastest first."""
+    unconfirmed: bool = False
+    """Measured on a busy machine and not confirmed by a second measurement
+    (:func:`ollie.optimizer.select.recheck`): the members keep their own decisions and the
+    decision is not cached."""
 
     def to_json(self) -> str:
         kernels = None if self.kernels is None else [kernel_to_json(k) for k in self.kernels]
@@ -187,7 +191,7 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
                                                     weights, exprs)
         memo[key] = found or _decide(graph, nodes, individual, constants, config, cache, rng,
                                      cl, act, exprs, forms, weights)
-        if cache is not None and found is None:
+        if cache is not None and found is None and not memo[key].unconfirmed:
             try:
                 cache.put_decision(ckey, memo[key].to_json())
             except FormatError as exc:  # a kernel Ollie cannot write as data: not cached
@@ -265,7 +269,7 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
     best = sel.best
     if best.candidate is None:
         return MergeOutcome(None, ys, "their own decisions", [], sel.baseline.seconds,
-                            sel.baseline.seconds, ncand, verified)
+                            sel.baseline.seconds, ncand, verified, sel.unconfirmed)
     return MergeOutcome(list(best.candidate.kernels), ys, best.label,
                         best.candidate.derivation, sel.baseline.seconds, best.seconds, ncand,
                         verified)
@@ -320,9 +324,13 @@ def _note(nodes: Sequence[Node], out: MergeOutcome) -> str:
         return f"{head}: no merged program verified; each keeps its own decision"
     found = f"{len(out.verified)} program(s) verified (" + \
         "; ".join(f"{label} {s * 1e3:.3f} ms" for label, s in out.verified) + ")"
+    if out.kernels is None and out.unconfirmed:
+        return (f"{head}: {found}; measured under load and not confirmed by a second "
+                "measurement: not kept, not cached")
     if out.kernels is None:
-        return (f"{head}: {found}, none {MERGE_MARGIN:.0%} faster than the members' own "
-                f"decisions ({out.original_s * 1e3:.3f} ms): not kept")
+        return (f"{head}: {found}, none faster with confidence (margin at least "
+                f"{MERGE_MARGIN:.0%}) than the members' own decisions "
+                f"({out.original_s * 1e3:.3f} ms): not kept")
     return (f"{head}: {found}; kept {out.label}, {out.optimized_s * 1e3:.3f} ms against "
             f"{out.original_s * 1e3:.3f} ms")
 

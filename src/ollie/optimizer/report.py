@@ -32,7 +32,9 @@ class SubprogramReport:
     not measurably faster with it (:mod:`ollie.optimizer.libraries`,
     :mod:`ollie.optimizer.context`), else None. ``in_program``: the original operator was
     faster alone, and the context step kept this rewrite (``chosen``, ``optimized_ms`` its
-    time alone) because the whole program was faster with it."""
+    time alone) because the whole program was faster with it. ``eager_ms``: the original
+    operator's time as the framework runs it (PyTorch), None when not measured (a report
+    saved before it was)."""
 
     node: str
     op: str
@@ -45,6 +47,7 @@ class SubprogramReport:
     candidates: int = 0
     not_kept: dict | None = None
     in_program: bool = False
+    eager_ms: float | None = None
     nodes: list[str] = field(default_factory=list)
     """The graph nodes this subprogram covers: ``[node]``, or a merged sibling group's members
     (:mod:`ollie.optimizer.region`), ``node`` the first."""
@@ -98,6 +101,7 @@ class OptimizedModel:
             more = f"+{len(r.nodes) - 1}" if len(r.nodes) > 1 else ""
             lines.append(f"{(r.node + more + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
                          f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
+                         + (f" (eager {r.eager_ms:.3f}ms)" if r.eager_ms is not None else "")
                          + (" (reused)" if r.reused else "")
                          + (" (not faster alone; kept: the whole program was faster with "
                             "it)" if r.in_program else "")
@@ -185,6 +189,8 @@ def _report_entry(doc: object) -> SubprogramReport:
     for name in ("original_ms", "optimized_ms"):
         if not isinstance(getattr(entry, name), (int, float)):
             raise ValueError(f"report field '{name}' must be a number")
+    if entry.eager_ms is not None and not isinstance(entry.eager_ms, (int, float)):
+        raise ValueError("report field 'eager_ms' must be a number or null")
     return entry
 
 

@@ -1,9 +1,12 @@
 """Measured selection: turn verified candidates into post-processed programs, check them again,
 time them on the device (with the persistent cost cache), keep the fastest.
 
-The original operator is always measured too (``baseline``), in the same interleaved rounds
-as the candidates, and a candidate is chosen only when it is faster by a margin, so a
-subprogram is not made slower by a mis-measurement on a busy machine.
+The original operator is always measured too (``baseline``, as Ollie would run it, and
+``eager``, as the framework runs it), in the same interleaved rounds as the candidates, and a
+candidate is chosen only when it is faster than both with confidence
+(:func:`ollie.tune.decide.faster`), so a subprogram is not made slower by a mis-measurement on
+a busy machine. A choice measured on a busy machine (:func:`ollie.tune.decide.busy`) is
+measured again before it is kept (:func:`recheck`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -26,13 +29,12 @@ from ollie.passes.postprocess import postprocess
 from ollie.program.params import MatmulParams
 from ollie.program.program import Program, constant_array
 from ollie.search.candidate import Candidate, Step, program_key, reference_sample
+from ollie.settings import current
 from ollie.tune.cache import CostCache, device_key
-from ollie.tune.measure import Clock, measure_alternating
+from ollie.tune.decide import MARGIN, RECHECK_ROUNDS, RECHECK_SETTLE, Verdict, busy, faster
+from ollie.tune.measure import Clock, Timings, measure_rounds
 
 log = logging.getLogger(__name__)
-
-MARGIN = 0.03
-"""A candidate must be this much faster (fraction of the original's time) to be chosen."""
 
 
 ALTERNATIVE_WITHIN = 1.6
@@ -55,25 +57,55 @@ class Measured:
     program: Program | None = None
     candidate: Candidate | None = None
     cached: bool = False
+    samples: list[float] = field(default_factory=list)
+    """Seconds per sample, one per round, aligned with the other programs' of the same
+    measurement (empty: ``seconds`` alone, e.g. from the cost cache)."""
+
+    def times(self) -> list[float]:
+        """:attr:`samples`, or ``[seconds]`` when there are none."""
+        return self.samples or [self.seconds]
 
 
 @dataclass
 class Selection:
-    """The outcome for one expression: every measurement and the chosen program."""
+    """The outcome for one expression: every measurement and the chosen program.
+    ``baseline``: the original operator as Ollie runs it (a ``Node`` kernel, its library
+    chosen by Ollie); ``eager``: the original as the framework runs it (PyTorch), when
+    measured. ``unconfirmed``: the choice was made on a busy machine and a second measurement
+    did not agree (:func:`recheck`): the framework's original is kept, and nothing of this
+    selection may be cached."""
 
     baseline: Measured
     measured: list[Measured] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     margin: float = 0.0
+    eager: Measured | None = None
+    unconfirmed: bool = False
+
+    def verdict(self, m: Measured, base: Measured) -> Verdict:
+        """Whether ``m`` is faster than ``base`` with confidence, with this margin."""
+        return faster(m.times(), base.times(), self.margin)
+
+    @property
+    def original(self) -> Measured:
+        """The original as it is kept: :attr:`eager` when it is faster than :attr:`baseline`
+        with confidence (the kept operator then runs PyTorch's implementation), else
+        :attr:`baseline`."""
+        if self.eager is not None and self.verdict(self.eager, self.baseline).decided:
+            return self.eager
+        return self.baseline
 
     @property
     def best(self) -> Measured:
-        """The fastest candidate if it beats the original by more than ``margin``, else the
-        original."""
-        fastest = min(self.measured, key=lambda m: m.seconds, default=None)
-        if fastest is None or fastest.seconds >= self.baseline.seconds * (1 - self.margin):
-            return self.baseline
-        return fastest
+        """The fastest (by median) of the candidates faster with confidence than the original
+        both as Ollie runs it and as the framework does (:func:`ollie.tune.decide.faster`),
+        else :attr:`original`; when :attr:`unconfirmed`, the framework's original."""
+        if self.unconfirmed:
+            return self.eager or self.baseline
+        bases = [self.baseline, *([self.eager] if self.eager is not None else [])]
+        winners = [m for m in self.measured
+                   if all(self.verdict(m, b).decided for b in bases)]
+        return min(winners, key=lambda m: m.seconds, default=self.original)
 
     @property
     def speedup(self) -> float:
@@ -87,12 +119,12 @@ class Selection:
         won). The program-level context step (:mod:`ollie.optimizer.context`) tries each in
         the whole program, where other libraries run it (an ONNX Runtime region) and its
         neighbours change its caches."""
-        if self.best is not self.baseline:
+        if self.best.program is not None or self.unconfirmed:
             return []
         out: dict[str, Measured] = {}
         for m in sorted(self.measured, key=lambda m: m.seconds):
             if m.program is not None and m.candidate is not None and \
-                    m.seconds <= self.baseline.seconds * within and m.label not in out:
+                    m.seconds <= self.original.seconds * within and m.label not in out:
                 out[m.label] = m
         return list(out.values())[:limit]
 
@@ -158,7 +190,8 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
            device: str = "cpu", cache: CostCache | None = None, limit: int = 8,
            samples: int = 512, margin: float = MARGIN, rounds: int = 15,
            max_seconds: float = 20.0, channels_last: frozenset[str] = frozenset(),
-           library_variants: bool = False, clock: Clock | None = None) -> Selection:
+           library_variants: bool = False, clock: Clock | None = None,
+           eager: Callable[[], object] | None = None) -> Selection:
     """Measure ``baseline`` (a zero-argument callable running the original operator on
     ``inputs``) and up to ``limit`` verified candidates (each also with its products kept
     transposed, :func:`transposed_candidate`, where that applies); keep the fastest. Inputs named in
@@ -167,12 +200,17 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     convert them pays for it (the caller feeds ``baseline`` the same way).
 
     All of them are timed together, in interleaved rounds (original, candidate 1, candidate 2,
-    ..., original, ...; median per program), so that load on the machine affects them alike:
-    timing them one after another let a busy moment make the original look slower than it is.
-    A candidate replaces the original only if it is faster by more than ``margin`` (a
-    fraction: noise must not pick a program that is really no faster). When every one of them
-    is in the cost cache (the same programs, shapes and device measured before), the cached
-    medians are used and nothing runs.
+    ..., original, ...), so that load on the machine affects them alike: timing them one after
+    another let a busy moment make the original look slower than it is. ``eager``: a
+    zero-argument callable running the original as the framework does (PyTorch, on the same
+    inputs), timed in the same rounds. A candidate replaces the original only if it is faster
+    than ``baseline`` and ``eager`` with confidence, by at least ``margin`` (a fraction,
+    widened by the original's spread: :func:`ollie.tune.decide.faster`; noise must not pick a
+    program that is really no faster; :attr:`Selection.best`). On a busy machine
+    (:func:`ollie.tune.decide.busy`) the choice is measured again (:func:`recheck`); if that
+    disagrees, the selection is :attr:`~Selection.unconfirmed` and nothing is put in the cost
+    cache. When every one of them is in the cost cache (the same programs, shapes and device
+    measured before), the cached medians are compared (with the margin) and nothing runs.
 
     ``library_variants`` (CPU): a candidate with library convolutions is also measured with
     every one of them fixed to each library of :data:`ollie.optimizer.libraries.UNIFORM` (each
@@ -181,7 +219,7 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
     (:meth:`ollie.tune.choice.Choices.fastest`).
 
     ``clock``: the time source of the measurement (:func:`~ollie.tune.measure.
-    measure_alternating`'s; None: the current settings')."""
+    measure_rounds`'s; None: the current settings')."""
     constants = dict(constants or {})
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(s)}" for n, s in expr.decls)
@@ -207,11 +245,14 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
         precompile_programs([p for _, p in built if isinstance(p, Program)])
     layouts = _verify(built, expr, inputs, reference, device, feed, shapes, dev, layout,
                       library_variants, rejected, verified)
-    keys = [base_key, *(k for k, *_ in verified)]
+    eager_key = f"eager|{shapes}|{dev}|{_expr_key(expr)}{layout}"
+    keys = [base_key, *([eager_key] if eager is not None else []), *(k for k, *_ in verified)]
     hits = [cache.get(k) if cache is not None else None for k in keys]
     cached = all(h is not None for h in hits)
+    fns: dict[str, Callable[[], object]] = {}
     if cached:
-        secs = [float(h) for h in hits]  # type: ignore[arg-type]
+        timed = Timings({k: [float(h)] for k, h in zip(keys, hits, strict=True)
+                         if h is not None})
     else:
         if cpu:  # the kernel variants the timing inputs' layouts need, compiled ahead too
             with discovering() as more:
@@ -221,24 +262,65 @@ def select(expr: Expr, candidates: list[Candidate], baseline: Callable[[], objec
                     except Exception as exc:  # it fails again when timed and is dropped
                         log.debug("candidate failed on the timing inputs: %s", exc)
             precompile([*layouts, *more])
-        fns = {k: fn for k, fn in zip(keys, [baseline, *(v[3] for v in verified)],
-                                       strict=True)}
-        timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
-                                    min_sample=0.01, lead_calls=1,
-                                    hopeless=HOPELESS, clock=clock)
-        secs = [timed[k] for k in keys]
-        if cache is not None:
-            for k, t in zip(keys, secs, strict=True):
-                if math.isfinite(t):
-                    cache.put(k, t)
-    sel = Selection(Measured("original", secs[0], cached=cached), margin=margin)
-    sel.rejected = rejected
-    for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
-        sel.measured.append(Measured(program_label(prog), t, prog, cand, cached))
-    log.debug("selection%s: original %.3f ms; %s", " (cached)" if cached else "",
-              secs[0] * 1e3, "; ".join(f"{m.label} {m.seconds * 1e3:.3f} ms"
-                                       for m in sel.measured))
+        fns = dict(zip(keys, [baseline, *([eager] if eager is not None else []),
+                              *(v[3] for v in verified)], strict=True))
+        timed = measure_rounds(fns, device, rounds=rounds, max_seconds=max_seconds,
+                               min_sample=0.01, lead_calls=1, hopeless=HOPELESS, clock=clock)
+    by_key = {k: Measured("original" if k == base_key else "eager" if k == eager_key else "",
+                          timed.median(k), cached=cached,
+                          samples=[] if cached else list(timed.samples[k])) for k in keys}
+    for key, prog, cand, _ in verified:
+        by_key[key] = replace(by_key[key], label=program_label(prog), program=prog,
+                              candidate=cand)
+    sel = Selection(by_key[base_key], [by_key[k] for k, *_ in verified], rejected, margin,
+                    by_key.get(eager_key))
+    if not cached:
+        if busy(sel.baseline.times()):
+            recheck(sel, fns, by_key, device, clock)
+        if cache is not None and not sel.unconfirmed:
+            for k, m in by_key.items():
+                if math.isfinite(m.seconds):
+                    cache.put(k, m.seconds)
+    log.debug("selection%s: original %.3f ms%s; %s", " (cached)" if cached else "",
+              sel.baseline.seconds * 1e3, f", eager {sel.eager.seconds * 1e3:.3f} ms"
+              if sel.eager is not None else "", "; ".join(
+                  f"{m.label} {m.seconds * 1e3:.3f} ms" for m in sel.measured))
     return sel
+
+
+def recheck(sel: Selection, fns: Mapping[str, Callable[[], object]],
+            by_key: Mapping[str, Measured], device: str = "cpu",
+            clock: Clock | None = None) -> bool:
+    """Measure the choice of ``sel`` again (made on a busy machine): after
+    :data:`~ollie.tune.decide.RECHECK_SETTLE` seconds (the settings' ``sleep``), the original
+    (as Ollie and as the framework run it) and the chosen candidate (or, when the original
+    won, the fastest candidate), :data:`~ollie.tune.decide.RECHECK_ROUNDS` interleaved rounds
+    (``fns`` and ``by_key``: each program's function and measurement by cost key). Returns
+    whether the second measurement makes the same choice; when it does not, ``sel`` is marked
+    :attr:`~Selection.unconfirmed`."""
+    first = sel.best
+    rival = first if first.program is not None else \
+        min(sel.measured, key=lambda m: m.seconds, default=None)
+    keep = [k for k, m in by_key.items() if k in fns and any(
+        m is x for x in (sel.baseline, sel.eager, rival))]
+    if len(keep) < 2:
+        return True
+    current().sleep(RECHECK_SETTLE)
+    timed = measure_rounds({k: fns[k] for k in keep}, device, rounds=RECHECK_ROUNDS,
+                           min_sample=0.01, lead_calls=1, clock=clock)
+    again = {k: replace(by_key[k], seconds=timed.median(k), samples=list(timed.samples[k]))
+             for k in keep}
+    base_key = next(k for k in keep if by_key[k] is sel.baseline)
+    eager_key = next((k for k in keep if by_key[k] is sel.eager), None)
+    second = Selection(again[base_key], [again[k] for k in keep if by_key[k] is rival],
+                       margin=sel.margin, eager=again.get(eager_key) if eager_key else None)
+    agrees = next(k for k in keep if again[k] is second.best) == \
+        next(k for k in keep if by_key[k] is first)
+    if not agrees:
+        sel.unconfirmed = True
+    log.info("selection measured on a busy machine: %s, %s again (%s)", first.label,
+             second.best.label, "confirmed" if agrees else "not confirmed: original kept")
+    return agrees
 
 
 def _verify(built: list[tuple[Candidate, Program | Exception]], expr: Expr,
@@ -347,8 +429,11 @@ def select_program(outputs: Mapping[str, Expr], programs: Sequence[tuple[Candida
     constants are among ``inputs``. Each is run and every output compared with the reference
     interpreter at up to ``samples`` positions; those that agree are timed with ``baseline``
     (a zero-argument callable running what the subprogram runs otherwise) in interleaved
-    rounds, and the fastest replaces the baseline only when faster by more than ``margin``.
-    Times come from / go to ``cache`` when ``baseline_key`` names what the baseline runs."""
+    rounds, and the fastest replaces the baseline only when faster with confidence
+    (:attr:`Selection.best`, :func:`ollie.tune.decide.faster`, at least ``margin``); measured on
+    a busy machine, the winner is re-checked (:func:`recheck`). Times come from / go to
+    ``cache`` when ``baseline_key`` names what the baseline runs, unless the re-check did not
+    confirm the selection."""
     references = {o: reference_sample(e, inputs, samples) for o, e in outputs.items()}
     dev = device_key(device)
     shapes = ";".join(f"{n}{list(v.shape)}" for n, v in sorted(inputs.items()))
@@ -391,18 +476,24 @@ def select_program(outputs: Mapping[str, Expr], programs: Sequence[tuple[Candida
         secs = [float(h) for h in hits]  # type: ignore[arg-type]
     elif verified:
         fns = dict(zip(keys, [baseline, *(v[3] for v in verified)], strict=True))
-        timed = measure_alternating(fns, device, rounds=rounds, max_seconds=max_seconds,
-                                    min_sample=0.01, lead_calls=1, hopeless=HOPELESS,
-                                    clock=clock)
-        secs = [timed[k] for k in keys]
-        if cache is not None and base_key is not None:
+        timed = measure_rounds(fns, device, rounds=rounds, max_seconds=max_seconds,
+                               min_sample=0.01, lead_calls=1, hopeless=HOPELESS, clock=clock)
+        secs = [timed.median(k) for k in keys]
+    else:  # nothing to compare: the baseline is kept without being timed
+        secs = [math.nan]
+    series: list[list[float]] = [[] if cached or not verified else list(timed.samples[k])
+                                 for k in keys]
+    sel = Selection(Measured("original", secs[0], cached=cached, samples=series[0]),
+                    margin=margin)
+    sel.rejected = rejected
+    for (_, prog, cand, _), t, ts in zip(verified, secs[1:], series[1:], strict=True):
+        sel.measured.append(Measured(program_label(prog), t, prog, cand, cached, ts))
+    if verified and not cached:
+        if busy(sel.baseline.times()):
+            by_key = dict(zip(keys, [sel.baseline, *sel.measured], strict=True))
+            recheck(sel, fns, by_key, device, clock)
+        if cache is not None and base_key is not None and not sel.unconfirmed:
             for k, t in zip(keys, secs, strict=True):
                 if math.isfinite(t):
                     cache.put(k, t)
-    else:  # nothing to compare: the baseline is kept without being timed
-        secs = [math.nan]
-    sel = Selection(Measured("original", secs[0], cached=cached), margin=margin)
-    sel.rejected = rejected
-    for (_, prog, cand, _), t in zip(verified, secs[1:], strict=True):
-        sel.measured.append(Measured(program_label(prog), t, prog, cand, cached))
     return sel

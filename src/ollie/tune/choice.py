@@ -10,20 +10,27 @@ configuration measured while one program is built is not measured again for the 
 Nothing else reads or writes a table: a caller that wants a private, empty choice (a test, a
 benchmark) passes its own :class:`Choices` or runs under ``ollie.settings.using(choices={})``.
 Measurement: alternately, for a few rounds, with cold caches
-(:func:`ollie.tune.measure.evict_caches`), like a cuDNN benchmark-mode algorithm choice.
+(:func:`ollie.tune.measure.evict_caches`) and warm, like a cuDNN benchmark-mode algorithm
+choice; an implementation replaces the framework's own only when faster with confidence
+(:func:`pick`), and a choice made on a busy machine is remembered only when a second probe
+agrees (:meth:`Choices.fastest`).
 Why a measured choice: docs/design/003-library-kernels-on-the-cpu.md; why one object:
 docs/design/018-package-layout.md.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Hashable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from ollie.settings import current
+
+if TYPE_CHECKING:
+    from ollie.tune.measure import Timings
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., torch.Tensor])
@@ -71,15 +78,24 @@ class Choices:
 
     def fastest(self, impls: dict[str, F | None], input_shape: tuple[int, ...],
                 key: Hashable | None = None,
-                make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> F:
+                make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None,
+                baseline: str | None = None) -> F:
         """The fastest of the available ``impls`` (``None``: unavailable) on a random input of
         ``input_shape`` (or on the arguments ``make_args()`` returns, built only when timing
-        is needed), timed alternately for a few rounds with cold caches
-        (:func:`ollie.tune.measure.evict_caches` before each call: in a program, a
+        is needed), timed alternately for a few rounds twice (:func:`probe`): with cold
+        caches (:func:`ollie.tune.measure.evict_caches` before each call: in a program, a
         convolution's weight and input are rarely still cached, and an implementation that
-        re-lays out the weight on every call looks faster warm than it runs); the choice is
-        remembered per ``key``. ValueError when none is available."""
-        from ollie.tune.measure import evict_caches, measure_alternating
+        re-lays out the weight on every call looks faster warm than it runs) and warm (each
+        sample after a call of its own, as in a program whose weights stay cached).
+
+        ``baseline``: the name of the framework's own implementation (what PyTorch calls):
+        another replaces it only when faster with confidence in one of the two probes and not
+        slower with confidence in the other (:func:`ollie.tune.decide.faster`; :func:`pick`).
+        Made on a busy machine (:func:`ollie.tune.decide.busy`), the choice is probed again
+        after a settle; it is remembered per ``key`` only when the second probe agrees (else
+        ``baseline``, if any, is returned, and nothing is remembered). ValueError when none
+        is available."""
+        from ollie.tune.decide import RECHECK_ROUNDS, RECHECK_SETTLE, busy
 
         usable = {n: f for n, f in impls.items() if f is not None}
         if not usable:
@@ -89,15 +105,24 @@ class Choices:
         chosen = self.get(key) if key is not None else None
         if chosen in usable:
             return usable[chosen]
-        probe = make_args() if make_args is not None else (torch.randn(input_shape),)
-        def call(f: F) -> Callable[[], object]:
-            return lambda: f(*probe)
-
-        times = measure_alternating({n: call(f) for n, f in usable.items()},
-                                    rounds=7, warmup=1, max_seconds=3.0, prepare=evict_caches)
-        name = min(times, key=times.__getitem__)
-        log.debug("%s: %s (%s)", list(input_shape), name,
-                  ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
+        args = make_args() if make_args is not None else (torch.randn(input_shape),)
+        base = baseline if baseline in usable else None
+        cold, warm = probe(usable, args)
+        name = pick(cold, warm, base)
+        log.debug("%s: %s (%s)", list(input_shape), name, ", ".join(
+            f"{n} {cold.median(n) * 1e3:.3f} ms cold, {warm.median(n) * 1e3:.3f} ms warm"
+            for n in usable))
+        if busy(cold.samples[base or name]):
+            rival = base if base is not None and base != name else min(
+                (n for n in usable if n != name),
+                key=lambda n: cold.median(n) + warm.median(n))
+            current().sleep(RECHECK_SETTLE)
+            pair = {n: usable[n] for n in (name, rival)}
+            again = pick(*probe(pair, args, RECHECK_ROUNDS), base)
+            if again != name:
+                log.info("%s: %s, then %s on a busy machine: not remembered",
+                         list(input_shape), name, again)
+                return usable[base or again]
         if key is not None:
             self.remember(key, name)
         return usable[name]
@@ -105,13 +130,14 @@ class Choices:
     def fastest_of(self, builders: dict[str, Callable[[], F | None]],
                    input_shape: tuple[int, ...], key: tuple,
                    make_args: Callable[[], tuple[torch.Tensor, ...]] | None = None,
-                   prefer: str | None = None) -> F:
+                   prefer: str | None = None, baseline: str | None = None) -> F:
         """:meth:`fastest` over implementations built by ``builders`` (each returns a callable
         or None); once a choice is remembered for ``key`` only the chosen one is built
         (building an implementation packs a weight or creates an ONNX Runtime session).
         ``prefer``: the name of the implementation to use, without measuring, when it can be
         built (a program-level choice, :mod:`ollie.optimizer.libraries`); names joined by
-        :data:`ANY_OF`: the fastest of those that can be built, measured."""
+        :data:`ANY_OF`: the fastest of those that can be built, measured. ``baseline``: see
+        :meth:`fastest`."""
         if prefer is not None and ANY_OF in prefer:  # the fastest of these, measured
             subset = {n: builders[n] for n in prefer.split(ANY_OF) if n in builders}
             if subset:
@@ -126,7 +152,50 @@ class Choices:
             if impl is not None:
                 return impl
         return self.fastest({name: build() for name, build in builders.items()}, input_shape,
-                            key, make_args)
+                            key, make_args, baseline)
+
+
+PROBE_ROUNDS = 7
+"""Interleaved rounds of each probe of :meth:`Choices.fastest` (cold, then warm)."""
+
+PROBE_SECONDS = 3.0
+"""Later rounds of a probe stop after this long."""
+
+
+def probe(impls: Mapping[str, Callable[..., object]], args: tuple[torch.Tensor, ...],
+          rounds: int = PROBE_ROUNDS) -> tuple[Timings, Timings]:
+    """Every sample of each of ``impls`` called on ``args``, timed in interleaved rounds
+    (:func:`ollie.tune.measure.measure_rounds`) with cold caches (each call after
+    :func:`~ollie.tune.measure.evict_caches`), then warm (each sample after a call of its
+    own)."""
+    from ollie.tune.measure import evict_caches, measure_rounds
+
+    fns: dict[str, Callable[[], object]] = {n: functools.partial(f, *args)
+                                            for n, f in impls.items()}
+    cold = measure_rounds(fns, rounds=rounds, warmup=1, max_seconds=PROBE_SECONDS,
+                          prepare=evict_caches)
+    warm = measure_rounds(fns, rounds=rounds, warmup=1, max_seconds=PROBE_SECONDS,
+                          lead_calls=1)
+    return cold, warm
+
+
+def pick(cold: Timings, warm: Timings, baseline: str | None = None) -> str:
+    """The name chosen from two probes (:func:`probe`): of the implementations eligible, the
+    one whose cold and warm medians add up least. With a ``baseline``, another is eligible
+    only when it is faster than the baseline with confidence in one probe and the baseline is
+    not faster than it with confidence in the other (:func:`ollie.tune.decide.faster`); none
+    is: the baseline. Without one, every implementation is eligible."""
+    from ollie.tune.decide import faster
+
+    def total(n: str) -> float:
+        return cold.median(n) + warm.median(n)
+
+    if baseline is None:
+        return min(cold.samples, key=total)
+    eligible = [n for n in cold.samples if n != baseline and any(
+        faster(t.samples[n], t.samples[baseline]).decided for t in (cold, warm)) and not any(
+        faster(t.samples[baseline], t.samples[n]).decided for t in (cold, warm))]
+    return min(eligible, key=total, default=baseline)
 
 
 def shared() -> Choices:
@@ -135,4 +204,4 @@ def shared() -> Choices:
     return Choices(current().choices)
 
 
-__all__ = ["ANY_OF", "Choices", "shared"]
+__all__ = ["ANY_OF", "PROBE_ROUNDS", "PROBE_SECONDS", "Choices", "pick", "probe", "shared"]

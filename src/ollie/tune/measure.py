@@ -1,5 +1,6 @@
 """Timing on the target device: medians of repeated runs after warm-up (:func:`measure`),
-interleaved comparisons of several functions (:func:`measure_alternating`), the collector
+interleaved comparisons of several functions (:func:`measure_rounds`: every sample, aligned by
+round; :func:`measure_alternating`: their medians), the collector
 paused while timing (:func:`gc_paused`) and cold-cache timing (:func:`evict_caches`). Every
 time is read from an injectable clock (:data:`Clock`: the ``clock=`` argument, else the
 current settings' ``measure_clock``, :mod:`ollie.settings`), and every settle waits through
@@ -14,6 +15,7 @@ import random
 import statistics
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -90,16 +92,39 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
-                        rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
-                        min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
-                        prepare: Callable[[], object] | None = None,
-                        lead_calls: int = 0, hopeless: float | None = None,
-                        settle: float = 0.0, lead_seconds: float = 0.0,
-                        settle_around: Collection[str] | None = None,
-                        clock: Clock | None = None) -> dict[str, float]:
-    """Median seconds of each function, timed in interleaved rounds (a, b, c, a, b, c, ...)
-    so that a noisy machine affects all of them alike; ratios are then meaningful.
+@dataclass
+class Timings:
+    """Every sample of an interleaved measurement (:func:`measure_rounds`), in seconds per call.
+
+    ``samples[name][j]`` is the sample of function ``name`` in round ``j``: the lists of the
+    functions timed in rounds have one sample per round, aligned, so that ``samples[a][j] /
+    samples[b][j]`` compares two functions under the same load. A function in ``dropped``
+    was not timed in rounds (``hopeless``); its list holds the one call timed after its
+    warm-up."""
+
+    samples: dict[str, list[float]]
+    dropped: frozenset[str] = field(default_factory=frozenset)
+
+    def median(self, name: str) -> float:
+        """The median of ``name``'s samples."""
+        return statistics.median(self.samples[name])
+
+    def medians(self) -> dict[str, float]:
+        """The median of each function's samples, by name."""
+        return {name: self.median(name) for name in self.samples}
+
+
+def measure_rounds(fns: dict[str, Callable[[], object]], device: str = "cpu",
+                   rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
+                   min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
+                   prepare: Callable[[], object] | None = None,
+                   lead_calls: int = 0, hopeless: float | None = None,
+                   settle: float = 0.0, lead_seconds: float = 0.0,
+                   settle_around: Collection[str] | None = None,
+                   clock: Clock | None = None) -> Timings:
+    """Every sample of each function (:class:`Timings`), timed in interleaved rounds (a, b, c,
+    a, b, c, ...) so that a noisy machine affects all of them alike; ratios of the samples of
+    one round are then meaningful (:func:`ollie.tune.decide.faster` pairs them).
 
     ``shuffle``: each round runs the functions in a fresh (seeded) random order, so that none
     always follows the same one (a runtime whose threads keep spinning after it returns slows
@@ -196,7 +221,22 @@ def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu
                 times[name].append((clock() - t) / n)
             if r >= 2 and clock() - start > max_seconds:
                 break
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return Timings(times, frozenset(fns) - frozenset(order))
+
+
+def measure_alternating(fns: dict[str, Callable[[], object]], device: str = "cpu",
+                        rounds: int = 15, warmup: int = 2, max_seconds: float = 30.0,
+                        min_sample: float = 0.0, shuffle: bool = True, seed: int = 0,
+                        prepare: Callable[[], object] | None = None,
+                        lead_calls: int = 0, hopeless: float | None = None,
+                        settle: float = 0.0, lead_seconds: float = 0.0,
+                        settle_around: Collection[str] | None = None,
+                        clock: Clock | None = None) -> dict[str, float]:
+    """Median seconds of each function, timed as :func:`measure_rounds` times them (the same
+    arguments)."""
+    return measure_rounds(fns, device, rounds, warmup, max_seconds, min_sample, shuffle, seed,
+                          prepare, lead_calls, hopeless, settle, lead_seconds, settle_around,
+                          clock).medians()
 
 
 def llc_bytes() -> int:
@@ -235,5 +275,6 @@ def evict_caches() -> None:
     _SCRATCH[0].fill(1.0)  # numpy: no inference-mode restrictions
 
 
-__all__ = ["EVICT_MAX_BYTES", "SETTLED_LEAD_SECONDS", "SETTLE_SECONDS", "Clock", "evict_caches",
-           "gc_paused", "llc_bytes", "measure", "measure_alternating", "settled_lead"]
+__all__ = ["EVICT_MAX_BYTES", "SETTLED_LEAD_SECONDS", "SETTLE_SECONDS", "Clock", "Timings",
+           "evict_caches", "gc_paused", "llc_bytes", "measure", "measure_alternating",
+           "measure_rounds", "settled_lead"]
