@@ -67,6 +67,7 @@ from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
+from ollie.search.config import machine_roofline
 from ollie.search.instantiate import Instantiator
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import SETTLE_SECONDS
@@ -350,7 +351,8 @@ class _Optimizer:
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
             res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
-                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
+                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
+                                             roofline=machine_roofline(cfg.device, self.cache)))
             sel = select(expr, res.candidates,
                          self.original(node, expr, inputs, weights, channels_last),
                          inputs, weights, cfg.device, self.cache, limit=cfg.max_candidates,
