@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--out", default="benchmarks/results", help="output folder")
     s.add_argument("--random-shapes", type=_positive, default=None, metavar="N",
                    help="instead: N random shapes per case family, one search each to the "
-                        "deepest of --depths (stopping at the target), reporting found-rate "
-                        "and median / p95 time to find per family")
+                        "deepest of --depths, as ollie.optimize searches (8 candidates), "
+                        "reporting per family how often the target was found and reported, "
+                        "and the median / p95 time to find it")
     s.add_argument("--seed", type=int, default=0, help="seed of --random-shapes (default 0)")
 
 
