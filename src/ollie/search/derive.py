@@ -259,15 +259,16 @@ def rank(cands: Iterable[Candidate], compute_bound: bool = True) -> list[Candida
     """The order candidates are verified and reported in: the cheapest (estimated) of each
     :func:`~ollie.search.instantiate.library_signature` first, then the others by cost, so that
     no signature is crowded out by a cheaper one's variants before measurement. Programs of
-    eOperators only, for a ``compute_bound`` expression, keep one place: their cheapest,
-    after the best of every library signature."""
+    eOperators only, for a ``compute_bound`` expression, keep one place among them: their
+    cheapest, after the best of every library signature; the others come after every program
+    with a library operator."""
     order = diverse(cands, lambda c: c.cost, lambda c: library_signature(c.kernels))
     if not compute_bound:
         return order
     eops = [c for c in order if not c.library_kinds]
     libs = [c for c in order if c.library_kinds]
     firsts = len({library_signature(c.kernels) for c in libs})
-    return libs[:firsts] + eops[:1] + libs[firsts:]
+    return libs[:firsts] + eops[:1] + libs[firsts:] + eops[1:]
 
 
 def compute_bound(expr: Expr, roofline: Roofline) -> bool:
