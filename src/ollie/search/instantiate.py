@@ -75,11 +75,10 @@ def _work(p: object) -> tuple[float, float]:
         if (p.r, p.s, p.sh, p.sw, p.dh, p.dw) == (3, 3, 1, 1, 1, 1):
             flops /= WINOGRAD_GAIN
         return flops, _efficiency(p.f // groups, p.n * oh * ow, p.c // groups * p.r * p.s)
-    band = 2 * getattr(p, "w", 0) + 1
     if isinstance(p, G2BMMParams):
-        return 2.0 * p.b * p.m * band * p.k, _efficiency(band, p.k)
+        return 2.0 * p.b * p.m * (2 * p.w + 1) * p.k, _efficiency(2 * p.w + 1, p.k)
     if isinstance(p, GBMMParams):
-        return 2.0 * p.b * p.m * band * p.n, _efficiency(band, p.n)
+        return 2.0 * p.b * p.m * (2 * p.w + 1) * p.n, _efficiency(2 * p.w + 1, p.n)
     return 0.0, 1.0
 
 
