@@ -5,7 +5,9 @@ its sizes drawn from small ranges, its target the case's. Used by the random-sha
 
 Ranges are inclusive and small (channels up to 16, spatial sizes up to 12, sequences up to
 96, bands up to 8 each side, dilations 2 to 4): the search verifies each candidate through
-the reference interpreter, which runs in float64 on the whole output.
+the reference interpreter, which runs in float64 on the whole output. The 9x9 convolution
+draws images of 9 to 16 (a smaller image reads mostly padding: the derivation to 3x3
+convolutions then has nothing to tile) and at most 4 input channels, as SRCNN's first layer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class Family:
         return CASES[self.case].target
 
 
+def _matmul_strided(p: Mapping[str, int]) -> str:
+    b, m, n, k = p["b"], p["m"], p["n"], p["k"]
+    return (f"C: [{b + 1}, 2, {m}, {k + 1}]\nD: [{b + 2}, {b + 1}, {k}, {n}]\n"
+            f"L<b=1:{b + 1}, m=0:{m}, n=0:{n}> Sum<k=0:{k}> "
+            "C[b, 0, m, 1 + k] * D[b - 1, b, k, n]\n")
+
+
 def _matmul_t(p: Mapping[str, int]) -> str:
     m, n, k = p["m"], p["n"], p["k"]
     return (f"A: [{k}, {m}]\nB: [{n}, {k}]\n"
@@ -51,6 +60,9 @@ FAMILIES: dict[str, Family] = {
                             lambda p: tconv_text(p["n"], p["ci"], p["h"], p["co"])),
     "conv5x5": Family("conv5x5", CONV, lambda p: conv_text(
         p["n"], p["c"], p["h"], p["w"], p["f"], 5, 5, 2)),
+    "conv9x9": Family("conv9x9", {**CONV, "c": (1, 4), "h": (9, 16), "w": (9, 16), "f": (1, 8)},
+                      lambda p: conv_text(
+        p["n"], p["c"], p["h"], p["w"], p["f"], 9, 9, 4)),
     "dilated_conv": Family("dilated_conv", {**CONV, "d": (2, 3)}, lambda p: conv_text(
         p["n"], p["c"], p["h"], p["w"], p["f"], 3, 3, p["d"], d=p["d"])),
     "g2bmm": Family("g2bmm", {**BAND, "k": (1, 16)}, lambda p: g2bmm_text(
@@ -59,6 +71,8 @@ FAMILIES: dict[str, Family] = {
         p["b"], p["m"], p["n"], p["w"], p["d"])),
     "matmul_transposed": Family("matmul_transposed", {"m": (1, 64), "n": (1, 64),
                                                       "k": (1, 64)}, _matmul_t),
+    "matmul_strided": Family("matmul_strided", {"b": (1, 4), "m": (1, 32), "n": (1, 32),
+                                                "k": (1, 32)}, _matmul_strided),
 }
 
 
