@@ -7,7 +7,9 @@ Ranges are inclusive and small (channels up to 16, spatial sizes up to 12, seque
 96, bands up to 8 each side, dilations 2 to 4): the search verifies each candidate through
 the reference interpreter, which runs in float64 on the whole output. The 9x9 convolution
 draws images of 9 to 16 (a smaller image reads mostly padding: the derivation to 3x3
-convolutions then has nothing to tile) and at most 4 input channels, as SRCNN's first layer.
+convolutions then has nothing to tile) and at most 4 input channels, as SRCNN's first layer;
+the dilated one images larger than the dilation (else its outer taps read only padding and
+it is no dilated convolution).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ FAMILIES: dict[str, Family] = {
     "conv9x9": Family("conv9x9", {**CONV, "c": (1, 4), "h": (9, 16), "w": (9, 16), "f": (1, 8)},
                       lambda p: conv_text(
         p["n"], p["c"], p["h"], p["w"], p["f"], 9, 9, 4)),
-    "dilated_conv": Family("dilated_conv", {**CONV, "d": (2, 3)}, lambda p: conv_text(
+    "dilated_conv": Family("dilated_conv", {**CONV, "h": (4, 12), "w": (4, 12), "d": (2, 3)},
+                           lambda p: conv_text(
         p["n"], p["c"], p["h"], p["w"], p["f"], 3, 3, p["d"], d=p["d"])),
     "g2bmm": Family("g2bmm", {**BAND, "k": (1, 16)}, lambda p: g2bmm_text(
         p["b"], p["m"], p["k"], p["w"], p["d"])),
