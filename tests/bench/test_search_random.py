@@ -16,7 +16,9 @@ def test_random_shapes_table(tmp_path, ollie_settings, capsys):
     assert all(r["found"] and r["reported"] for r in rows)
     table = (tmp_path / "search_random.md").read_text().splitlines()
     assert table[0].startswith("# Search on random shapes") and "depth 2" in table[0]
-    assert "| matmul_transposed | 2/2 (100%) | 2/2 (100%) |" in "\n".join(table)
+    bound = sum(r["compute_bound"] for r in rows[:2])
+    share = f"{bound}/{bound} (100%)" if bound else "0/0"
+    assert f"| matmul_transposed | 2/2 (100%) | {share} | 2/2 (100%) |" in "\n".join(table)
     # the same shapes again with the same seed
     assert main(argv) == 0
     assert [r["sizes"] for r in json.loads((tmp_path / "search_random.json").read_text())] == \

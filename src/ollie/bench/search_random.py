@@ -3,9 +3,11 @@ family of :data:`ollie.bench.shapes.FAMILIES`, ``N`` shapes drawn at random (see
 derived once to ``depth`` with ``budget`` seconds as ``ollie.optimize`` derives (the whole
 budget, no stop at the target, :data:`REPORTED` candidates verified and reported). Reported
 per family: how many searches found the family's target program, how many reported it among
-their candidates, and the median and 95th percentile of the time to find it (a search that
-did not find it counts its whole search time, so these are lower bounds when some were not
-found). Results go to
+their candidates (of the draws whose expression is compute-bound on the search's roofline,
+:func:`ollie.search.derive.compute_bound`, and of all: for a memory-bound one an eOperator
+program is a fair first choice), and the median and 95th percentile of the time to find it
+(a search that did not find it counts its whole search time, so these are lower bounds when
+some were not found). Results go to
 ``search_random.md`` and ``search_random.json`` in the output folder.
 """
 
@@ -24,6 +26,8 @@ import ollie
 from ollie.bench.shapes import FAMILIES, draw
 from ollie.errors import ConfigError
 from ollie.search import derive
+from ollie.search.derive import compute_bound
+from ollie.tune.roofline import DEFAULT_ROOFLINE
 
 REPORTED = 8
 """Candidates reported per search (``OptimizeConfig.max_candidates``)."""
@@ -35,6 +39,7 @@ class ShapeRow:
     sizes: dict
     found: bool
     reported: bool
+    compute_bound: bool
     seconds: float  # to the target, or the whole search when not found
     wall: float
 
@@ -60,6 +65,7 @@ def run(n: int, families: Sequence[str] = tuple(FAMILIES), depth: int = 7,
             hit = res.stats["first_found"].get("target")
             row = ShapeRow(name, sizes, hit is not None,
                            any(family.target(c) for c in res.candidates),
+                           compute_bound(expr, DEFAULT_ROOFLINE),
                            hit["seconds"] if hit else res.stats["search_seconds"],
                            time.perf_counter() - t0)
             rows.append(row)
@@ -72,18 +78,21 @@ def run(n: int, families: Sequence[str] = tuple(FAMILIES), depth: int = 7,
 
 def summarize(rows: Sequence[ShapeRow]) -> list[str]:
     """Markdown: one line per family."""
-    out = [f"| family | found | among the first {REPORTED} | median s to find | p95 s |",
-           "|---|---:|---:|---:|---:|"]
+    out = [f"| family | found | among the first {REPORTED}: compute-bound draws | all draws "
+           "| median s to find | p95 s |", "|---|---:|---:|---:|---:|---:|"]
     for name in dict.fromkeys(r.family for r in rows):
         mine = [r for r in rows if r.family == name]
-        n = len(mine)
-        found = sum(r.found for r in mine)
-        reported = sum(r.reported for r in mine)
+        bound = [r for r in mine if r.compute_bound]
         secs = np.array([r.seconds for r in mine])
-        out.append(f"| {name} | {found}/{n} ({100 * found / n:.0f}%) | "
-                   f"{reported}/{n} ({100 * reported / n:.0f}%) | "
+        out.append(f"| {name} | {_share(sum(r.found for r in mine), len(mine))} | "
+                   f"{_share(sum(r.reported for r in bound), len(bound))} | "
+                   f"{_share(sum(r.reported for r in mine), len(mine))} | "
                    f"{np.median(secs):.2f} | {np.percentile(secs, 95):.2f} |")
     return out
+
+
+def _share(k: int, n: int) -> str:
+    return f"{k}/{n} ({100 * k / n:.0f}%)" if n else "0/0"
 
 
 def main(n: int, families: Sequence[str] = tuple(FAMILIES), depth: int = 7,
