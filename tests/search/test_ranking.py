@@ -117,3 +117,22 @@ def test_every_signature_is_verified_before_a_second_best():
     assert any(to_conv3x3(c) for c in res.candidates)
     assert all(c.verified for c in res.candidates)
     assert not math.isnan(res.candidates[0].cost)
+
+
+def test_the_search_ranks_on_its_config_roofline():
+    """``SearchConfig.roofline`` reaches the cost of every option and the compute-bound test:
+    on a machine with an enormous peak rate the convolution is memory-bound, its programs of
+    eOperators only are not held back, and the estimates are those of that roofline."""
+    expr = ollie.parse(CASES["conv3x3"].small)
+    roof = Roofline(peak_flops=1e15, bandwidth=1e9, launch_s=0.0)
+    common = dict(max_depth=1, time_budget=60.0, max_states=3, max_candidates=64,
+                  clock=stopped_clock)
+    ours = ollie.derive(expr, roofline=roof, **common)
+    default = ollie.derive(expr, **common)
+    assert not compute_bound(expr, roof) and compute_bound(expr, DEFAULT_ROOFLINE)
+    for res, r in ((ours, roof), (default, DEFAULT_ROOFLINE)):
+        for c in res.candidates:
+            assert c.cost == pytest.approx(sum(kernel_cost(k, r) for k in c.kernels
+                                               if k.expr is not None))
+    assert rank(ours.candidates, compute_bound=False) == ours.candidates
+    assert rank(default.candidates, compute_bound=True) == default.candidates
