@@ -64,7 +64,10 @@ class Case:
     what: str
 
 
-def _conv(n, c, h, w, f, r, s, ph, pw=None, d=1) -> str:
+def conv_text(n: int, c: int, h: int, w: int, f: int, r: int, s: int, ph: int,
+              pw: int | None = None, d: int = 1) -> str:
+    """A 2-D convolution (NCHW input ``A``, FCRS weight ``K``, padding ``ph``/``pw``, dilation
+    ``d``, stride 1)."""
     pw = ph if pw is None else pw
     tap_r, tap_s = ("r", "s") if d == 1 else (f"{d}*r", f"{d}*s")
     return (f"A: [{n}, {c}, {h}, {w}]\nK: [{f}, {c}, {r}, {s}]\n"
@@ -72,41 +75,46 @@ def _conv(n, c, h, w, f, r, s, ph, pw=None, d=1) -> str:
             f"A[n, c, h + {tap_r} - {ph}, w + {tap_s} - {pw}] * K[f, c, r, s]\n")
 
 
-def _tconv(n, ci, h, co) -> str:
+def tconv_text(n: int, ci: int, h: int, co: int) -> str:
+    """A 4x4 stride-2, padding-1 transposed convolution of an ``h`` x ``h`` input."""
     return (f"X: [{n}, {ci}, {h}, {h}]\nW: [{ci}, {co}, 4, 4]\n"
             f"L<n=0:{n}, c=0:{co}, h=0:{2 * h}, w=0:{2 * h}> Sum<f=0:{ci}, y=0:{h}, x=0:{h}> "
             "X[n, f, y, x] * W[f, c, h + 1 - 2*y, w + 1 - 2*x]\n")
 
 
-def _g2bmm(b, m, k, w, d) -> str:
+def g2bmm_text(b: int, m: int, k: int, w: int, d: int) -> str:
+    """A G2BMM (band ``2w+1``, dilation ``d``) of ``b`` batches of ``m`` x ``k``."""
     return (f"Q: [{b}, {m}, {k}]\nK: [{b}, {m}, {k}]\n"
             f"L<b=0:{b}, i=0:{m}, j=0:{2 * w + 1}> Sum<k=0:{k}> "
             f"Q[b, i, k] * K[b, i + {d}*j - {d * w}, k]\n")
 
 
-def _gbmm(b, m, n, w, d) -> str:
+def gbmm_text(b: int, m: int, n: int, w: int, d: int) -> str:
+    """A GBMM (band ``2w+1``, dilation ``d``) of ``b`` batches, ``m`` rows, ``n`` columns."""
     return (f"S: [{b}, {m}, {2 * w + 1}]\nV: [{b}, {m}, {n}]\n"
             f"L<b=0:{b}, i=0:{m}, n=0:{n}> Sum<j=0:{2 * w + 1}> "
             f"S[b, i, j] * V[b, i + {d}*j - {d * w}, n]\n")
 
 
 CASES: dict[str, Case] = {c.name: c for c in [
-    Case("conv3x3", _conv(1, 512, 7, 7, 512, 3, 3, 1), _conv(1, 16, 7, 7, 16, 3, 3, 1),
+    Case("conv3x3", conv_text(1, 512, 7, 7, 512, 3, 3, 1), conv_text(1, 16, 7, 7, 16, 3, 3, 1),
          to_matmul, "Conv3x3 (ResNet-18) -> Matmul + OffsetAdd"),
-    Case("conv1x7", _conv(1, 128, 17, 17, 128, 1, 7, 0, 3), _conv(1, 16, 9, 9, 16, 1, 7, 0, 3),
+    Case("conv1x7", conv_text(1, 128, 17, 17, 128, 1, 7, 0, 3),
+         conv_text(1, 16, 9, 9, 16, 1, 7, 0, 3),
          to_matmul, "Conv1x7 -> Matmul + eOperators"),
-    Case("convtranspose", _tconv(16, 448, 2, 256), _tconv(2, 32, 2, 16), to_matmul,
+    Case("convtranspose", tconv_text(16, 448, 2, 256), tconv_text(2, 32, 2, 16), to_matmul,
          "ConvTranspose 4x4 s2 p1 (InfoGAN) -> Matmul + selective add"),
-    Case("conv5x5", _conv(16, 32, 224, 224, 1, 5, 5, 2), _conv(2, 8, 20, 20, 1, 5, 5, 2),
+    Case("conv5x5", conv_text(16, 32, 224, 224, 1, 5, 5, 2), conv_text(2, 8, 20, 20, 1, 5, 5, 2),
          to_conv3x3, "Conv5x5 (SRCNN) -> Conv3x3 + eOperators"),
-    Case("conv9x9", _conv(1, 1, 224, 224, 64, 9, 9, 4), _conv(1, 2, 20, 20, 4, 9, 9, 4),
+    Case("conv9x9", conv_text(1, 1, 224, 224, 64, 9, 9, 4), conv_text(1, 2, 20, 20, 4, 9, 9, 4),
          to_conv3x3, "Conv9x9 (SRCNN) -> Conv3x3 + eOperators"),
-    Case("dilated_conv", _conv(1, 512, 14, 14, 512, 3, 3, 2, d=2),
-         _conv(1, 16, 14, 14, 16, 3, 3, 2, d=2), undilated_conv,
+    Case("dilated_conv", conv_text(1, 512, 14, 14, 512, 3, 3, 2, d=2),
+         conv_text(1, 16, 14, 14, 16, 3, 3, 2, d=2), undilated_conv,
          "dilated Conv (CSRNet) -> non-dilated Conv over re-laid-out input"),
-    Case("g2bmm", _g2bmm(8, 10000, 64, 1000, 4), _g2bmm(2, 400, 16, 50, 4), undilated("G2BMM"),
+    Case("g2bmm", g2bmm_text(8, 10000, 64, 1000, 4), g2bmm_text(2, 400, 16, 50, 4),
+         undilated("G2BMM"),
          "dilated G2BMM (Longformer) -> non-dilated G2BMM + layout eOperators"),
-    Case("gbmm", _gbmm(8, 10000, 64, 1000, 4), _gbmm(2, 400, 16, 50, 4), undilated("GBMM"),
+    Case("gbmm", gbmm_text(8, 10000, 64, 1000, 4), gbmm_text(2, 400, 16, 50, 4), undilated("GBMM"),
          "dilated GBMM (Longformer) -> non-dilated GBMM + layout eOperators"),
     Case("matmul_transposed",
          "A: [512, 1024]\nB: [768, 512]\nL<m=0:1024, n=0:768> Sum<k=0:512> A[k, m] * B[n, k]\n",

@@ -71,15 +71,15 @@ import ollie
 from ollie.bench import attribution as attrib
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
-from ollie.bench.ops import copy_bandwidth
 from ollie.optimizer.libraries import rel_err
 from ollie.settings import using
+from ollie.tune import roofline
 from ollie.tune.measure import (
     SETTLE_SECONDS,
     SETTLED_LEAD_SECONDS,
-    measure,
     measure_alternating,
 )
+from ollie.tune.roofline import copy_bandwidth
 
 DEFAULT_MODELS = ("infogan", "dcgan", "srcnn", "gcn", "resnet18", "csrnet", "longformer")
 DEFAULT_BATCHES = (1, 16)
@@ -119,18 +119,11 @@ def matmul_rate(sizes: tuple[int, ...] = (1024, 2048), device: str = "cpu") -> f
     CPUs runs twice as fast as the MKL build PyTorch calls (:mod:`ollie.exec.linear`)."""
     from ollie.exec import linear
 
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-        c = torch.empty(n, n, device=device)
-        fns = [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c)]
-        if torch.device(device).type == "cpu":
-            fns += [lambda a=a, b=b, f=f: f(a, b)
-                    for name, f in linear.implementations(a, b).items() if name != "MKL"]
-        for fn in fns:
-            secs = min(measure(fn, device, repeats=5) for _ in range(3))
-            best = max(best, 2 * n ** 3 / secs)
-    return best
+    def others(a: torch.Tensor, b: torch.Tensor) -> dict:
+        return {n: f for n, f in linear.implementations(a, b).items() if n != "MKL"}
+
+    return roofline.matmul_rate(sizes, device,
+                                others if torch.device(device).type == "cpu" else None)
 
 
 # --------------------------------------------------------------------- roofline

@@ -32,18 +32,10 @@ from ollie.optimizer.select import program_label, select
 from ollie.program.params import EOpParams
 from ollie.semantics.check import random_inputs
 from ollie.tune.cache import CostCache
-from ollie.tune.measure import measure, measure_alternating
+from ollie.tune.measure import measure_alternating
+from ollie.tune.roofline import copy_bandwidth
 
 DEFAULT_CASES = ("conv3x3", "convtranspose", "conv5x5", "g2bmm")
-
-
-def copy_bandwidth(device: str = "cpu", mbytes: int = 256) -> float:
-    """Bytes per second of a large tensor copy (read + write), best of a few runs."""
-    n = mbytes * (1 << 20) // 4
-    src = torch.randn(n, device=device)
-    dst = torch.empty_like(src)
-    secs = min(measure(lambda: dst.copy_(src), device, repeats=5) for _ in range(3))
-    return 2 * 4 * n / secs
 
 
 GRAPHED = " + CUDA graph"

@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="configurations: hybrid, explorative, 'hybrid, no pruning', "
                         "'explorative, no pruning' (default: all four)")
     s.add_argument("--out", default="benchmarks/results", help="output folder")
+    s.add_argument("--random-shapes", type=_positive, default=None, metavar="N",
+                   help="instead: N random shapes per case family, one search each to the "
+                        "deepest of --depths, as ollie.optimize searches (8 candidates), "
+                        "reporting per family how often the target was found and reported, "
+                        "and the median / p95 time to find it")
+    s.add_argument("--seed", type=int, default=0, help="seed of --random-shapes (default 0)")
 
 
     o = sub.add_parser("ops", help="operator-level benchmark (the paper's Table 3)")
@@ -70,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench == "search" and args.random_shapes:
+        from ollie.bench import search_random
+        from ollie.bench.shapes import FAMILIES
+
+        return search_random.main(args.random_shapes, tuple(args.cases or FAMILIES),
+                                  max(args.depths), args.budget, args.out, args.seed)
     if args.bench == "search":
         from ollie.bench import search
 

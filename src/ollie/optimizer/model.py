@@ -72,6 +72,7 @@ from ollie.program.params import KernelKind
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
+from ollie.search.config import machine_roofline
 from ollie.search.instantiate import Instantiator
 from ollie.settings import using
 from ollie.tune.cache import CostCache, device_key
@@ -337,7 +338,8 @@ class _Optimizer:
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
             res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
-                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed))
+                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
+                                             roofline=machine_roofline(cfg.device, self.cache)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
             sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
                          cfg.device, self.cache, limit=cfg.max_candidates,

@@ -48,6 +48,7 @@ from ollie.program.serialize import FormatError, kernel_from_json, kernel_to_jso
 from ollie.rules.inter import merge_expressions
 from ollie.search import SearchConfig, derive
 from ollie.search.candidate import Candidate, Step, program_key
+from ollie.search.config import machine_roofline
 from ollie.tune.cache import CostCache, device_key
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,8 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
             res = derive(merged, max_depth=config.max_depth,
                          time_budget=config.time_budget / len(forms),
                          config=SearchConfig(max_candidates=config.max_candidates,
-                                             seed=config.seed))
+                                             seed=config.seed,
+                                             roofline=machine_roofline(config.device, cache)))
             ncand += res.stats["candidates"]
             step = Step("expression_merging", f"{len(nodes)} siblings, g at {g_at}",
                         format_expr(merged))

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from ollie.errors import check_settings
 from ollie.rules.base import INTRA_RULES
+from ollie.tune.cache import CostCache
+from ollie.tune.roofline import Roofline, roofline_for
 
 TARGETS = ("Matmul", "Conv", "G2BMM", "GBMM")
 
@@ -40,7 +42,12 @@ class SearchConfig:
     starts, :mod:`ollie.settings`, by default :func:`time.perf_counter`). The search
     reads it only where it checks the budget or records a time, so a fake clock (a test's:
     one that advances a fixed amount per reading, or never) makes where the search stops
-    depend on the code alone.
+    depend on the code alone;
+    ``roofline``: the machine the cost model ranks candidates for
+    (:func:`ollie.tune.roofline.roofline_for`; None: the fixed
+    :data:`~ollie.tune.roofline.DEFAULT_ROOFLINE`, so a search's order does not depend on the
+    machine). Candidates are verified and reported in the order of
+    :func:`ollie.search.derive.rank`: the cheapest of each library signature first.
     """
 
     max_depth: int = 7
@@ -63,6 +70,7 @@ class SearchConfig:
     stop_at_target: bool = False
     max_tensor_bytes: int | None = None
     clock: Callable[[], float] | None = None
+    roofline: Roofline | None = None
 
     def __post_init__(self) -> None:
         mtb = self.max_tensor_bytes
@@ -98,3 +106,16 @@ def default_max_tensor_bytes() -> int:
     except (ValueError, OSError, AttributeError):
         total = 0
     return int((total if total > 0 else 128 << 30) * TENSOR_MEMORY_FRACTION)
+
+
+def machine_roofline(device: str = "cpu", cache: CostCache | None = None) -> Roofline:
+    """The roofline of ``device`` for :attr:`SearchConfig.roofline`
+    (:func:`ollie.tune.roofline.roofline_for`), its matrix-product rate the best of
+    ``torch.matmul`` and, on the CPU, the other implementations Ollie's Matmul kernels choose
+    from (:func:`ollie.exec.linear.implementations`)."""
+    import torch
+
+    from ollie.exec import linear
+
+    cpu = torch.device(device).type == "cpu"
+    return roofline_for(device, cache, linear.implementations if cpu else None)

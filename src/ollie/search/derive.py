@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ollie.caches import search_scope
 from ollie.fingerprint import FingerprintSet
 from ollie.ir import Expr, format_expr
+from ollie.match.eop import scope_bytes, scope_flops
 from ollie.rules import RULES
 from ollie.search.candidate import (
     Candidate,
@@ -34,8 +35,9 @@ from ollie.search.candidate import (
 )
 from ollie.search.config import SearchConfig, default_max_tensor_bytes
 from ollie.search.guided import guided_derive, normalize
-from ollie.search.instantiate import Instantiator, Option
+from ollie.search.instantiate import Instantiator, Option, diverse, library_signature
 from ollie.settings import current
+from ollie.tune.roofline import DEFAULT_ROOFLINE, Roofline
 
 log = logging.getLogger(__name__)
 VERIFY_SHARE = 0.2
@@ -43,7 +45,8 @@ VERIFY_SHARE = 0.2
 
 @dataclass
 class DeriveResult:
-    """Candidates (best estimated first) and search statistics."""
+    """Candidates (in :func:`rank` order: the best estimated of each library signature
+    first) and search statistics."""
 
     candidates: list[Candidate]
     stats: dict = field(default_factory=dict)
@@ -68,7 +71,7 @@ class _Search:
         self.expr = expr
         self.config = config
         self.progress = progress
-        self.inst = Instantiator(config.targets, keep=config.keep)
+        self.inst = Instantiator(config.targets, keep=config.keep, roofline=config.roofline)
         self.seen = FingerprintSet()
         self.guided_seen = FingerprintSet()
         self.inputs = random_inputs(expr, seed=config.seed)
@@ -122,7 +125,8 @@ class _Search:
         self.search_seconds = self.clock() - self.start
         slowest = 0.0
         tried = 0
-        for cand in _diverse_order(self.found.values()):
+        roof = self.config.roofline or DEFAULT_ROOFLINE
+        for cand in rank(self.found.values(), compute_bound(self.expr, roof)):
             if len(self.candidates) >= self.config.max_candidates:
                 break
             # the first that fits in memory is always verified: a search that found programs
@@ -134,7 +138,7 @@ class _Search:
                 tried += 1
             slowest = max(slowest, self.clock() - t0)
         self.longest_step = max(self.longest_step, slowest)
-        result = sorted(self.candidates.values(), key=lambda c: c.cost)
+        result = list(self.candidates.values())  # in rank order
         return DeriveResult(result, self.stats(), self.expr, frozenset(self.found))
 
     def expand(self, state: _State, queue: deque[_State]) -> None:
@@ -251,16 +255,26 @@ class _Search:
                 "longest_step_seconds": round(self.longest_step, 3)}
 
 
-def _diverse_order(cands) -> list[Candidate]:
-    """Cheapest first within each kind of program (its library operators), taking the kinds in
-    turn, so a rough cost model cannot crowd out whole families before measurement."""
-    groups: dict[tuple, list[Candidate]] = {}
-    for c in sorted(cands, key=lambda c: c.cost):
-        groups.setdefault(tuple(sorted(set(c.library_kinds))), []).append(c)
-    order = []
-    for rank in range(max((len(g) for g in groups.values()), default=0)):
-        order += [g[rank] for g in groups.values() if rank < len(g)]
-    return order
+def rank(cands: Iterable[Candidate], compute_bound: bool = True) -> list[Candidate]:
+    """The order candidates are verified and reported in: the cheapest (estimated) of each
+    :func:`~ollie.search.instantiate.library_signature` first, then the others by cost, so that
+    no signature is crowded out by a cheaper one's variants before measurement. Programs of
+    eOperators only, for a ``compute_bound`` expression, keep one place among them: their
+    cheapest, after the best of every library signature; the others come after every program
+    with a library operator."""
+    order = diverse(cands, lambda c: c.cost, lambda c: library_signature(c.kernels))
+    if not compute_bound:
+        return order
+    eops = [c for c in order if not c.library_kinds]
+    libs = [c for c in order if c.library_kinds]
+    firsts = len({library_signature(c.kernels) for c in libs})
+    return libs[:firsts] + eops[:1] + libs[firsts:] + eops[1:]
+
+
+def compute_bound(expr: Expr, roofline: Roofline) -> bool:
+    """Whether ``expr`` does more FLOPs per byte moved than ``roofline``'s ridge point."""
+    nbytes = scope_bytes(expr.root, expr.inputs)
+    return nbytes > 0 and scope_flops(expr.root) / nbytes > roofline.ridge
 
 
 def derive(expr: Expr, max_depth: int = 7, time_budget: float = 60.0,
