@@ -4,7 +4,7 @@ A kernel module (:mod:`ollie.codegen.emit`, :mod:`ollie.codegen.scatter`) holds 
 as ``@njit("signature", ...)`` functions. Candidates of one subprogram, layers of one model
 and kernels of different models repeat the same nest (a bias add, a ReLU, a layout change
 of one shape) under other module files, parameter names and function names, and numba's
-cache is per file, so each copy was compiled again. :func:`split_module` takes the module
+cache is per file, so each copy would compile on its own. :func:`split_module` takes the module
 text apart: every such function, renamed ``nest`` with its parameters renamed by position,
 its docstring dropped and the module constants it reads copied above it, becomes a *nest
 text*; the rest of the module (``run`` and the declarations) is executed as the module
