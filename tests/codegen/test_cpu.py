@@ -409,7 +409,7 @@ def test_disk_cache_is_reused_by_a_new_process(tmp_path):
 
     first_disk, first_compiled = run()
     assert not first_disk and first_compiled >= 1
-    assert list(tmp_path.glob("__pycache__/*.nbi"))  # numba's machine-code cache
+    assert list(tmp_path.glob("nests/__pycache__/*.nbi"))  # numba's code of its loop nests
     second_disk, second_compiled = run()
     assert second_disk and second_compiled == 0
 

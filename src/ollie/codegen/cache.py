@@ -12,6 +12,11 @@ Files are written atomically and not rewritten while they hold generated code: n
 file's text (a SHA-256 of it in numba 0.68; older versions used the modification time), so a
 second process importing the same module loads compiled code instead of compiling.
 
+The numba functions of a generated CPU kernel module are compiled from nest modules of their
+own, ``nests/nest_<digest>.py``, named by a SHA-256 of their text and shared by every kernel
+that holds the same function (:mod:`ollie.codegen.nests`); a nest module is imported only when
+the file holds exactly the text taken from the checked kernel module.
+
 Nothing in the directory is imported on its name alone: :func:`load_module` imports a module
 only when its text is one the code generator produces for that key (the caller says which,
 ``accept``); a file holding anything else, a line appended included, is logged, replaced by
@@ -37,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ollie.cachedir import cache_root, checked_dir
+from ollie.codegen.nests import nest_path, nest_stem, split_module
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +91,25 @@ def write_once(path: Path, data: str | bytes) -> bool:
             os.unlink(tmp)
 
 
-def _import(path: Path) -> ModuleType:
+def _import(path: Path, nests: Path | None = None) -> ModuleType:
     name = f"ollie_kernels.{path.stem}"
     mod = sys.modules.get(name)
     if mod is not None and getattr(mod, "__file__", None) == str(path):
+        return mod
+    text = _read(path)
+    split = split_module(text) if text is not None else None
+    if split is not None:  # its nests from their own modules, the rest executed here
+        functions = {fn: load_nest(nests if nests is not None else path.parent, nest)
+                     for fn, nest in split.nests.items()}
+        mod = ModuleType(name)
+        mod.__file__ = str(path)
+        sys.modules[name] = mod
+        try:
+            exec(compile(split.rest, str(path), "exec"), mod.__dict__)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        mod.__dict__.update(functions)
         return mod
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -102,9 +123,42 @@ def _import(path: Path) -> ModuleType:
     return mod
 
 
-def load_path(path: Path) -> ModuleType:
-    """Import the kernel module at ``path`` (compiling its functions)."""
-    return _import(path)
+def load_path(path: Path, nests: Path | None = None) -> ModuleType:
+    """Import the kernel module at ``path`` (compiling its functions); the nest modules of a
+    generated CPU kernel (:mod:`ollie.codegen.nests`) live under ``nests`` (default: the
+    module's directory)."""
+    return _import(path, nests)
+
+
+def ensure_nest(directory: Path, text: str) -> Path:
+    """The nest module holding ``text`` under the kernel cache ``directory``, written when
+    absent and replaced when it holds another text (never imported then)."""
+    path = nest_path(directory, text)
+    if not write_once(path, text) and _read(path) != text:
+        log.warning("nest module %s does not hold the text named by its digest: replaced, "
+                    "not imported", path)
+        _replace(path, text)
+    return path
+
+
+def nest_loaded(directory: Path, text: str) -> bool:
+    """Whether the nest module holding ``text`` under ``directory`` is imported in this
+    process."""
+    mod = sys.modules.get(f"ollie_kernels.{nest_stem(text)}")
+    return getattr(mod, "TEXT_DIGEST", None) == nest_stem(text) and \
+        getattr(mod, "__file__", None) == str(nest_path(directory, text))
+
+
+def load_nest(directory: Path, text: str) -> Callable:
+    """The compiled ``nest`` function of the nest module holding ``text`` under
+    ``directory`` (:mod:`ollie.codegen.nests`): from this process when already imported from
+    there, else imported from the file, which is first made to hold exactly ``text`` (numba
+    loads its cached machine code, or compiles it)."""
+    if nest_loaded(directory, text):
+        return sys.modules[f"ollie_kernels.{nest_stem(text)}"].nest
+    mod = _import(ensure_nest(directory, text))
+    mod.__dict__["TEXT_DIGEST"] = nest_stem(text)  # imported from a checked file
+    return mod.nest
 
 
 def adopt_numba_cache(trial: Path, path: Path) -> int:

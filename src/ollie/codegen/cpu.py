@@ -9,7 +9,9 @@ fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the P
 (``@njit(parallel=True, fastmath=False, cache=True)`` functions with explicit signatures, so
 they are compiled, or loaded from numba's cache, when the module is imported);
 :mod:`~ollie.codegen.cache` stores it on disk under a digest of the expression's text and
-imports it once its text is checked to be one this module generates for the expression. A
+imports it once its text is checked to be one this module generates for the expression. Its
+functions are compiled once per text for every kernel that holds them
+(:mod:`~ollie.codegen.nests`): candidates and layers repeat the same loop nest. A
 single affine read summed through a unimodular index map also has a *scatter* form
 (:mod:`~ollie.codegen.scatter`: loop over the input, add into the output);
 :func:`choose_source` times both forms once and the faster one is stored (with the code numba
@@ -189,7 +191,7 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
     if len(sources) == 1:
         ready = staged(path, "gather", sources["gather"]) if path is not None else None
         if ready is not None and path is not None:
-            if _loads(ready):
+            if _loads(ready, path.parent):
                 unload_path(ready)
                 _adopt(ready, path)
             unstage(ready)
@@ -200,11 +202,12 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
     flat = [rng.standard_normal(prod(shape), dtype=np.float32) for _, shape in expr.decls]
     out = np.empty(prod(expr.shape), np.float32)
     file_name = path.name if path is not None else f"trial_{fingerprint(expr)}.py"
+    nests = path.parent if path is not None else default_cache_dir()
     with tempfile.TemporaryDirectory(prefix="ollie-choice-") as tmp:
         fns, trials, ready = {}, {}, []
         for name, text in sources.items():
             trial = staged(path, name, text) if path is not None else None
-            if trial is not None and not _loads(trial):
+            if trial is not None and not _loads(trial, nests):
                 unstage(trial)
                 trial = None
             if trial is None:
@@ -214,7 +217,7 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
             else:
                 ready.append(trial)
             trials[name] = trial
-            module = load_path(trial)
+            module = load_path(trial, nests)
             fns[name] = (lambda m=module: m.run(*flat, out))
         with _RUN_LOCK:
             times = measure_alternating(fns, "cpu", rounds=CHOICE_ROUNDS, min_sample=5e-3)
@@ -230,11 +233,12 @@ def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = 
     return sources[best]
 
 
-def _loads(trial: Path) -> bool:
-    """Whether the module at ``trial`` imports (a form compiled ahead whose numba code does
-    not load is compiled here instead, as if it had not been)."""
+def _loads(trial: Path, nests: Path) -> bool:
+    """Whether the module at ``trial`` imports, its nest modules under ``nests`` (a form
+    compiled ahead whose numba code does not load is compiled here instead, as if it had not
+    been)."""
     try:
-        load_path(trial)
+        load_path(trial, nests)
     except Exception as exc:  # numba's and importlib's errors have many types
         unload_path(trial)
         log.warning("kernel compiled ahead at %s did not load (%s); compiling it here",

@@ -4,12 +4,13 @@ numba compiles a generated module in one thread, and compiling the candidates' m
 after another is most of a cold optimisation. The candidates of one subprogram are known
 before any of them runs, so their modules can be compiled side by side: :func:`precompile`
 writes the module text of every form :func:`ollie.codegen.cpu.choose_source` will try
-(``staged/<form>/<file>`` under the kernel cache directory) and imports those files in one
-process per core (this one, and fresh Python processes that import only numba), whose numba
-writes the machine code to each file's ``__pycache__``. When the kernel is then compiled for
-real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with the same text instead
-of compiling it (numba 0.68 stamps its cache with the text's hash), copies the chosen form's
-code beside the kernel module and removes the staged files (:func:`unstage`). The variants
+(``staged/<form>/<file>`` under the kernel cache directory) and the nest modules those texts
+hold (:mod:`ollie.codegen.nests`, each distinct nest once), and imports the nest modules not
+compiled yet in one process per core (this one, and fresh Python processes that import only
+numba), whose numba writes the machine code to each file's ``__pycache__``. When the kernel
+is then compiled for real, :func:`~ollie.codegen.cpu.choose_source` loads a staged form with
+the same text instead of compiling it (its nests load numba's code; numba 0.68 stamps its
+cache with the text's hash) and removes the staged files (:func:`unstage`). The variants
 of a kernel for the layouts its inputs arrive in are found by running the candidates once
 without compiling them (:func:`ollie.exec.dispatch.discovering`), then compiled the same
 way.
@@ -40,6 +41,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ollie.codegen.nests import split_module
 from ollie.ir import Expr
 from ollie.settings import current
 
@@ -148,14 +150,17 @@ def _prune(staging: Path) -> None:
 
 def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
     """Stage the forms of every kernel of ``exprs`` that is neither compiled in this process
-    nor on disk; the staged files numba has not compiled yet."""
-    from ollie.codegen.cache import default_cache_dir
+    nor on disk; the files numba has not compiled yet: the nest modules of those forms
+    (:mod:`ollie.codegen.nests`, each once, unless compiled on disk or in this process) and
+    the staged forms that are imported whole."""
+    from ollie.codegen.cache import default_cache_dir, ensure_nest, nest_loaded
     from ollie.codegen.cpu import is_loaded, module_stem, source_forms
     from ollie.fingerprint import canonical_form
 
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     _prune(directory / STAGED)
     todo: list[Path] = []
+    nests: set[Path] = set()
     seen: set[Expr] = set()
     for expr in exprs:
         if expr in seen or is_loaded(expr, directory):
@@ -173,9 +178,15 @@ def pending(exprs: Iterable[Expr], cache_dir: Path | None = None) -> list[Path]:
             p = staged_path(path, form)
             if staged(path, form, text) is None:
                 _stage(p, text)
-            elif compiled(p):
-                continue
-            todo.append(p)
+            split = split_module(text)
+            if split is not None:  # its nest modules are what numba compiles
+                for nest in split.nests.values():
+                    n = ensure_nest(directory, nest)
+                    if n not in nests and not compiled(n) and not nest_loaded(directory, nest):
+                        nests.add(n)
+                        todo.append(n)
+            elif not compiled(p):
+                todo.append(p)
     return todo
 
 

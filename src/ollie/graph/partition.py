@@ -28,7 +28,7 @@ constants stays on its own, before all its readers. A union is accepted only whe
 The result is greedy: a region grows as the topological order reaches its nodes, and a union
 refused once is not tried again. A region without a compute operator comes back as its single
 nodes, so a graph of boundaries and lone layout operators partitions exactly as it did node by
-node. Why the limits have their values: docs/design/021-wp2-partition.md.
+node. Why the limits have their values: docs/design/021-linear-region-partition.md.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ from ollie.tune.roofline import DEFAULT_ROOFLINE, Roofline
 T = TypeVar("T")
 
 EOP_SLOWDOWN = 1.5
-"""Generated kernels reach about 1/1.5 of the copy bandwidth (docs/design/021-wp5-roofline.md)."""
+"""Generated kernels reach about 1/1.5 of the copy bandwidth
+(docs/design/024-roofline-ranking.md)."""
 WINOGRAD_GAIN = 2.25
 """A stride-1, non-dilated 3x3 convolution runs as Winograd (the kernel library's and the
 vendors'): its multiplications divided by F(2x2, 3x3)'s 2.25, the smaller of the tiles' gains."""

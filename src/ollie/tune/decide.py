@@ -10,7 +10,7 @@ approximation of the binomial count of ratios below the median). The candidate i
 when that bound is below ``1 - margin``, where the margin is the larger of the caller's and
 :data:`SPREAD_FACTOR` times the baseline's relative spread (its median absolute deviation over
 its median): a baseline that varies by 20% from one sample to the next cannot show a 5% gain.
-Why these constants: docs/design/021-wp6-confident-selection.md.
+Why these constants: docs/design/022-confident-selection.md.
 """
 
 from __future__ import annotations

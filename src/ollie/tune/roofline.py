@@ -13,7 +13,7 @@ fastest); :func:`copy_bandwidth`, a large tensor copy; :func:`launch_seconds`, a
 copy. Each keeps its best run: a busy machine only slows. Every time is read from ``clock``
 (None: the settings' ``measure_clock``); a probe whose clock does not advance (a test's stopped
 clock) yields :data:`DEFAULT_ROOFLINE`, which is then neither stored nor kept.
-Why these probes and constants: docs/design/021-wp5-roofline.md.
+Why these probes and constants: docs/design/024-roofline-ranking.md.
 """
 
 from __future__ import annotations
