@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ollie
-from ollie.bench.cases import _tconv
+from ollie.bench.cases import tconv_text
 from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.select import candidate_program, select, transposed_candidate
 from ollie.passes.orient import TALL, TRANSPOSED, transposable, transposed_products
@@ -34,7 +34,7 @@ def _run(prog: Program, inputs: dict) -> np.ndarray:
 @settings(max_examples=3, deadline=None)
 @given(n=st.just(1), ci=st.integers(2, 9), h=st.just(2), co=st.integers(8, 10))
 def test_a_transposed_convolution_as_a_transposed_product_matches_the_reference(n, ci, h, co):
-    expr = ollie.parse(_tconv(n, ci, h, co))
+    expr = ollie.parse(tconv_text(n, ci, h, co))
     inputs = random_inputs(expr, seed=3)
     want = ollie.interpret(expr, inputs)
     found = 0
@@ -62,7 +62,7 @@ def test_a_transposed_convolution_as_a_transposed_product_matches_the_reference(
 
 
 def test_products_the_caller_or_a_library_reads_are_not_transposed():
-    expr = ollie.parse(_tconv(1, 6, 2, 8))
+    expr = ollie.parse(tconv_text(1, 6, 2, 8))
     cand = next(c for c in _matmul_candidates(expr) if transposed_candidate(c, expr))
     prog = Program(tuple(expr.decls), (cand.output,), list(cand.kernels), {})
     i = next(j for j, k in enumerate(prog.kernels) if transposable(prog, j))
@@ -77,7 +77,7 @@ def test_products_the_caller_or_a_library_reads_are_not_transposed():
     assert not transposable(read, i)
     # a product with fewer than TALL times more rows than columns (4 output channels x 16
     # taps against 4 pixels): not transposed
-    short = ollie.parse(_tconv(1, 6, 2, 4))
+    short = ollie.parse(tconv_text(1, 6, 2, 4))
     assert TALL * 4 > 4 * 16
     products = [c for c in _matmul_candidates(short)
                 if any(k.params.get("m") == 64 and k.params.get("n") == 4 for k in c.kernels)]
@@ -88,7 +88,7 @@ def test_products_the_caller_or_a_library_reads_are_not_transposed():
 
 
 def test_selection_measures_both_orientations():
-    expr = ollie.parse(_tconv(1, 8, 2, 8))
+    expr = ollie.parse(tconv_text(1, 8, 2, 8))
     inputs = random_inputs(expr, seed=1)
     cands = _matmul_candidates(expr)[:2]
     sel = select(expr, cands, lambda: None, inputs, rounds=3, max_seconds=2.0)
@@ -98,7 +98,7 @@ def test_selection_measures_both_orientations():
 
 
 def test_a_program_with_a_transposed_product_survives_save_and_load(tmp_path):
-    expr = ollie.parse(_tconv(1, 5, 2, 8))
+    expr = ollie.parse(tconv_text(1, 5, 2, 8))
     cand = next(t for c in _matmul_candidates(expr)
                 if (t := transposed_candidate(c, expr)) is not None)
     inputs = random_inputs(expr, seed=5)
