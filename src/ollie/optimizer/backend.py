@@ -13,6 +13,12 @@ warning naming the cause:
 * an error of the optimised program when it is called (the graph module then serves this and
   every later call).
 
+Parameters and buffers: dynamo passes a module's parameters and buffers to the backend as
+graph inputs (marked static); Ollie optimises the graph with them as constants (folded,
+pre-packed, integer buffers such as BERT's position ids included), and the program takes the
+other inputs. A call whose parameters or buffers are other tensors, or were written since
+(``load_state_dict``, an optimiser step), runs the graph module.
+
 Dynamic shapes: when a model is called with a second batch size, dynamo recompiles the graph
 with symbolic sizes (its "automatic dynamic" shapes), and the graph's inputs then include the
 sizes as numbers. Ollie's programs are specialised to shapes, so such a graph is optimised
@@ -31,6 +37,7 @@ from dataclasses import replace
 
 import torch
 
+from ollie.errors import UnsupportedError
 from ollie.optimizer.model import OptimizeConfig, optimize
 
 log = logging.getLogger(__name__)
@@ -79,24 +86,51 @@ def _symbolic(inputs: Sequence[object]) -> bool:
     return False
 
 
+def _static(x: object) -> bool:
+    """Whether dynamo marked graph input ``x`` as a module's parameter or buffer."""
+    return isinstance(x, torch.Tensor) and \
+        getattr(x, "_dynamo_static_input_type", None) is not None
+
+
 class _Bound(torch.nn.Module):
-    """The graph module with its number inputs fixed and only its tensor outputs: a module
-    of tensors to tensors (the numbers a graph returns are sizes, fixed by its inputs)."""
+    """The graph module with its number inputs and its static tensor inputs (the parameters
+    and buffers dynamo passes as inputs) fixed, and only its tensor outputs: a module of the
+    other tensors to tensors (the numbers a graph returns are sizes, fixed by its inputs). The
+    static tensors are buffers of this module, so the optimiser sees them as constants."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: Sequence[object],
                  tensor_outputs: Sequence[int]) -> None:
         super().__init__()
         self.gm = gm
         self.numbers = {i: x for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)}
+        self.statics = [i for i, x in enumerate(inputs) if _static(x)]
+        for i in self.statics:
+            x = inputs[i]
+            assert isinstance(x, torch.Tensor)
+            self.register_buffer(f"static_{i}", x.detach(), persistent=False)
         self.arity = len(inputs)
         self.tensor_outputs = tuple(tensor_outputs)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[object, ...]:
         it = iter(tensors)
-        args = [self.numbers[i] if i in self.numbers else next(it)
+        args = [self.numbers[i] if i in self.numbers else
+                getattr(self, f"static_{i}") if i in self.statics else next(it)
                 for i in range(self.arity)]
         outs = _flat(self.gm(*args))
         return tuple(outs[i] for i in self.tensor_outputs)
+
+
+def _stamp(inputs: Sequence[object]) -> list[tuple[int, object, int]]:
+    """(position, tensor, version) of each static tensor input: a call whose static inputs
+    are other tensors or were written since (``load_state_dict``, an optimiser step) does not
+    match the program, which holds them as constants."""
+    return [(i, x, x._version) for i, x in enumerate(inputs)
+            if isinstance(x, torch.Tensor) and _static(x)]
+
+
+def _same_statics(stamp: list[tuple[int, object, int]], args: Sequence[object]) -> bool:
+    return all(i < len(args) and args[i] is x and isinstance(x, torch.Tensor)
+               and x._version == v for i, x, v in stamp)
 
 
 def _flat(out: object) -> tuple[object, ...]:
@@ -109,9 +143,12 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
     if why is not None:
         log.warning("ollie backend: running the graph unchanged: %s", why)
         return gm.forward
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    device = tensors[0].device.type
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor) and not _static(x)]
+    device = next(x for x in inputs if isinstance(x, torch.Tensor)).device.type
+    stamp = _stamp(inputs)
     try:
+        if not tensors:
+            raise UnsupportedError("a graph whose tensor inputs are all parameters or buffers")
         with torch.no_grad():
             ref = gm(*inputs)
         refs = _flat(ref)
@@ -130,8 +167,14 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
         fallback = state.get("fallback")
         if fallback is not None:
             return fallback(*args)
+        if not _same_statics(stamp, args):
+            if "stale" not in state:
+                state["stale"] = gm.forward
+                log.warning("ollie backend: a parameter or buffer changed since the graph was "
+                            "optimised; such calls run the graph unchanged")
+            return gm.forward(*args)
         try:
-            out = opt(*[a for a in args if isinstance(a, torch.Tensor)])
+            out = opt(*[a for a in args if isinstance(a, torch.Tensor) and not _static(a)])
         except Exception as exc:  # the program failed: the graph module from now on
             log.warning("ollie backend: the optimised program failed (%s); running the graph "
                         "unchanged from now on", _cause(exc))
