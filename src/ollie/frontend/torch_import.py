@@ -55,7 +55,9 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...]
         except Exception as e2:
             raise UnsupportedError(f"cannot trace module {type(module).__name__}: "
                                    f"torch.export failed ({_line(e)}) and make_fx failed "
-                                   f"({_line(e2)})") from e2
+                                   f"({_line(e2)}); torch.compile(model, backend=\"ollie\") "
+                                   "optimises the graphs between the Python it cannot "
+                                   "trace") from e2
         users = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         return gm, {}, users
     if _mutates(ep.graph_module):
