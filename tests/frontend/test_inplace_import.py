@@ -1,6 +1,7 @@
 """from_torch on modules with in-place operators (``out += identity``, ``ReLU(inplace=True)``,
-``Dropout(inplace=True)``, writes through views): they import as plain dataflow operators,
-checked against the module; a module that writes into its own input is refused."""
+``Dropout(inplace=True)``, writes through views) and metadata checks (``.to(dtype)``): they
+import as plain dataflow operators, checked against the module; a module that writes into its
+own input is refused."""
 
 from __future__ import annotations
 
@@ -83,3 +84,17 @@ class WritesInput(nn.Module):
 def test_module_writing_its_input_is_refused() -> None:
     with pytest.raises(UnsupportedError, match="in place"):
         from_torch(WritesInput(), (torch.randn(2, 3),))
+
+
+class Casts(nn.Module):
+    """``.to(dtype)`` exports with ``_assert_tensor_metadata`` checks, which return nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = (x > 0).to(torch.float32)
+        y = (x * 2.0)[:, :, None].to(torch.float32)
+        return y * m[:, :, None] + (1.0 - m)[:, :, None]
+
+
+def test_metadata_checks_are_dropped() -> None:
+    counts = check(Casts(), torch.randn(2, 3))
+    assert not any("assert" in op for op in counts), counts

@@ -237,6 +237,10 @@ class TorchImporter:
                 return
             raise UnsupportedError(f"fx node '{node.name}': getitem {idx} of '{src}' is not "
                                    "available")
+        if _qualname(target) in _METADATA_CHECKS:
+            # a check of a tensor's dtype / device / layout, fixed when traced: no value
+            self.values[node.name] = None
+            return
         if self._all_const(node):
             self._fold(node)
             return
@@ -331,6 +335,9 @@ class TorchImporter:
                                  f"but {list(want)} in the exported program (conversion bug)")
 
 
+_METADATA_CHECKS = frozenset({"aten::_assert_tensor_metadata.default"})
+"""Operators that check a tensor's metadata (dtype, device, layout: fixed in an exported
+graph) and return nothing; they are dropped."""
 _RANDOM = ("rand", "normal", "bernoulli", "uniform", "multinomial", "dropout", "empty")
 
 
