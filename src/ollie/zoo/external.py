@@ -55,6 +55,9 @@ HF_MODELS: dict[str, dict[str, int]] = {
 }
 """The transformers encoders and their options with defaults."""
 
+CALIBRATION_BATCH = 8
+"""Images in the batch a ``tv:`` model's layers are calibrated on (:func:`calibrate`)."""
+
 _INSTALL = "install the optional model suites: pip install -e '.[models]'"
 _SHIM_OPS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
              "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -110,7 +113,10 @@ def build_torchvision(name: str, batch: int = 1, size: int = 224) -> Built:
         module = factory(weights=None)
         module.eval()
         redraw_zero_layers(module)
-        calibrate(module, lambda: (torch.randn(2, 3, calib, calib),))
+        # 8 images: the BatchNorms of the last, smallest feature maps need that many values
+        # for running statistics that hold on other inputs (with 2, a random EfficientNet's
+        # activations grow by orders of magnitude on new inputs, and so does float32 rounding)
+        calibrate(module, lambda: (torch.randn(CALIBRATION_BATCH, 3, calib, calib),))
     return module.eval(), (_seeded_input((batch, 3, size, size)),)
 
 
