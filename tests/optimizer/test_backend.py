@@ -163,3 +163,73 @@ def test_shapes_beyond_the_specialisation_limit_run_unchanged(monkeypatch, caplo
             assert torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(calls) == 2  # batch 2 (static graph) and batch 3 (the first dynamic one)
     assert caplog.text.count("input shapes for one graph") == 1
+
+
+class _WithIds(nn.Module):
+    """BERT's pattern: an integer buffer (position ids) beside the float parameters, all of
+    which dynamo passes to the backend as graph inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(6, 4)
+        self.pos = nn.Parameter(torch.randn(8, 4))
+        self.register_buffer("ids", torch.arange(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + self.pos[self.ids[: x.shape[0]]]
+
+
+def test_parameters_and_integer_buffers_are_constants(monkeypatch, caplog):
+    seen: list[list[torch.Tensor]] = []
+    real = backend.optimize
+
+    def spy(model, inputs, *args, **kwargs):
+        seen.append(list(inputs))
+        return real(model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "optimize", spy)
+    model = _WithIds().eval()
+    x = torch.randn(5, 6)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        compiled = torch.compile(model, backend="ollie")
+        assert torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        assert "unchanged" not in caplog.text
+        # the program's only input is x: parameters and buffers are its constants
+        assert [tuple(t.shape) for t in seen[0]] == [(5, 6)]
+        model.fc.weight.mul_(2.0)  # a changed parameter: the program no longer applies
+        assert torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert caplog.text.count("changed since the graph was optimised") == 1
+
+
+class _Masked(nn.Module):
+    """Longformer's pattern: a boolean mask among the inputs of a graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, self.fc(x), x)
+
+
+def test_boolean_inputs_are_constants_checked_at_each_call(monkeypatch, caplog):
+    seen: list[list[torch.Tensor]] = []
+    real = backend.optimize
+
+    def spy(model, inputs, *args, **kwargs):
+        seen.append(list(inputs))
+        return real(model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "optimize", spy)
+    model = _Masked().eval()
+    x, mask = torch.randn(4, 6), torch.rand(4, 6) > 0.5
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        compiled = torch.compile(model, backend="ollie")
+        assert torch.allclose(compiled(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)
+        assert "unchanged" not in caplog.text
+        assert [tuple(t.shape) for t in seen[0]] == [(4, 6)]
+        other = ~mask
+        assert torch.allclose(compiled(x, other), model(x, other), rtol=1e-4, atol=1e-5)
+    assert "other values" in caplog.text

@@ -60,3 +60,17 @@ def test_transformers_encoder_takes_embeddings():
     with torch.no_grad():
         y = m(x)
     assert y.shape == (2, 16, 32) and torch.isfinite(y).all()
+
+
+def test_zero_initialised_layers_get_random_weights():
+    """A model whose classifier starts at zero (torchvision's ViT) would give a constant output,
+    against which no error can be measured."""
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                 torch.nn.Linear(16, 5))
+    torch.nn.init.zeros_(module[2].weight)
+    torch.nn.init.zeros_(module[2].bias)
+    conv = module[0].weight.clone()
+    external.redraw_zero_layers(module)
+    assert module[2].weight.abs().min() > 0 and torch.equal(module[0].weight, conv)
+    x = torch.randn(2, 3, 4, 4)
+    assert not torch.equal(module(x)[0], module(x)[1])

@@ -55,9 +55,13 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...]
         except Exception as e2:
             raise UnsupportedError(f"cannot trace module {type(module).__name__}: "
                                    f"torch.export failed ({_line(e)}) and make_fx failed "
-                                   f"({_line(e2)})") from e2
+                                   f"({_line(e2)}); torch.compile(model, backend=\"ollie\") "
+                                   "optimises the graphs between the Python it cannot "
+                                   "trace") from e2
         users = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         return gm, {}, users
+    if _mutates(ep.graph_module):
+        ep = _functional(ep, type(module).__name__)
     consts: Consts = {}
     users: list[str] = []
     kinds = torch.export.graph_signature.InputKind
@@ -78,6 +82,37 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...]
             raise UnsupportedError(f"module {type(module).__name__}: unsupported exported "
                                    f"input kind {spec.kind.name} ('{name}')")
     return ep.graph_module, consts, users
+
+
+def _mutates(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` calls an operator that writes one of its arguments (``add_``,
+    ``relu_``, ``dropout_``, ...)."""
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _functional(ep: torch.export.ExportedProgram, name: str) -> torch.export.ExportedProgram:
+    """``ep`` without in-place operators: torch's functionalisation
+    (``run_decompositions({})``, which decomposes nothing else) replaces each write into a
+    tensor, and into every view aliasing it, by a new tensor, which the graph's dataflow then
+    models. A module that writes into one of its inputs or buffers (a side effect an optimised
+    program does not reproduce) raises :class:`UnsupportedError`."""
+    try:
+        ep = ep.run_decompositions({})
+    except Exception as e:
+        raise UnsupportedError(f"module {name}: in-place operators could not be made "
+                               f"functional ({_line(e)})") from e
+    kinds = torch.export.graph_signature.OutputKind
+    written = [str(s.target) for s in ep.graph_signature.output_specs
+               if s.kind != kinds.USER_OUTPUT]
+    if written:
+        raise UnsupportedError(f"module {name} writes into its input(s) or buffer(s) "
+                               f"{', '.join(written)} in place; Ollie optimises modules "
+                               "without side effects")
+    return ep
 
 
 def _line(e: BaseException) -> str:
@@ -202,6 +237,10 @@ class TorchImporter:
                 return
             raise UnsupportedError(f"fx node '{node.name}': getitem {idx} of '{src}' is not "
                                    "available")
+        if _qualname(target) in _METADATA_CHECKS:
+            # a check of a tensor's dtype / device / layout, fixed when traced: no value
+            self.values[node.name] = None
+            return
         if self._all_const(node):
             self._fold(node)
             return
@@ -296,6 +335,9 @@ class TorchImporter:
                                  f"but {list(want)} in the exported program (conversion bug)")
 
 
+_METADATA_CHECKS = frozenset({"aten::_assert_tensor_metadata.default"})
+"""Operators that check a tensor's metadata (dtype, device, layout: fixed in an exported
+graph) and return nothing; they are dropped."""
 _RANDOM = ("rand", "normal", "bernoulli", "uniform", "multinomial", "dropout", "empty")
 
 

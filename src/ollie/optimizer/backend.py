@@ -13,6 +13,14 @@ warning naming the cause:
 * an error of the optimised program when it is called (the graph module then serves this and
   every later call).
 
+Parameters and buffers: dynamo passes a module's parameters and buffers to the backend as
+graph inputs (marked static); Ollie optimises the graph with them as constants (folded,
+pre-packed, integer buffers such as BERT's position ids included), and the program takes the
+other inputs. A call whose parameters or buffers are other tensors, or were written since
+(``load_state_dict``, an optimiser step), runs the graph module. An integer or boolean tensor
+input (ids, a mask computed by an earlier graph), which a float32 program cannot take, is a
+constant too: a call with other values in it runs the graph module.
+
 Dynamic shapes: when a model is called with a second batch size, dynamo recompiles the graph
 with symbolic sizes (its "automatic dynamic" shapes), and the graph's inputs then include the
 sizes as numbers. Ollie's programs are specialised to shapes, so such a graph is optimised
@@ -31,6 +39,7 @@ from dataclasses import replace
 
 import torch
 
+from ollie.errors import UnsupportedError
 from ollie.optimizer.model import OptimizeConfig, optimize
 
 log = logging.getLogger(__name__)
@@ -79,24 +88,68 @@ def _symbolic(inputs: Sequence[object]) -> bool:
     return False
 
 
+def _static(x: object) -> bool:
+    """Whether dynamo marked graph input ``x`` as a module's parameter or buffer."""
+    return isinstance(x, torch.Tensor) and \
+        getattr(x, "_dynamo_static_input_type", None) is not None
+
+
+def _fixed(x: object) -> bool:
+    """Whether graph input ``x`` is a constant of the program: a parameter or buffer, or an
+    integer or boolean tensor (ids, masks), which a float32 program does not take."""
+    return isinstance(x, torch.Tensor) and (_static(x) or not x.is_floating_point())
+
+
 class _Bound(torch.nn.Module):
-    """The graph module with its number inputs fixed and only its tensor outputs: a module
-    of tensors to tensors (the numbers a graph returns are sizes, fixed by its inputs)."""
+    """The graph module with its number inputs and its :func:`_fixed` tensor inputs fixed,
+    and only its tensor outputs: a module of the other tensors to tensors (the numbers a graph
+    returns are sizes, fixed by its inputs). The fixed tensors are buffers of this module, so
+    the optimiser sees them as constants."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: Sequence[object],
                  tensor_outputs: Sequence[int]) -> None:
         super().__init__()
         self.gm = gm
         self.numbers = {i: x for i, x in enumerate(inputs) if not isinstance(x, torch.Tensor)}
+        self.statics = [i for i, x in enumerate(inputs) if _fixed(x)]
+        for i in self.statics:
+            x = inputs[i]
+            assert isinstance(x, torch.Tensor)
+            self.register_buffer(f"static_{i}", x.detach(), persistent=False)
         self.arity = len(inputs)
         self.tensor_outputs = tuple(tensor_outputs)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[object, ...]:
         it = iter(tensors)
-        args = [self.numbers[i] if i in self.numbers else next(it)
+        args = [self.numbers[i] if i in self.numbers else
+                getattr(self, f"static_{i}") if i in self.statics else next(it)
                 for i in range(self.arity)]
         outs = _flat(self.gm(*args))
         return tuple(outs[i] for i in self.tensor_outputs)
+
+
+Stamp = list[tuple[int, torch.Tensor, int, torch.Tensor | None]]
+
+
+def _stamp(inputs: Sequence[object]) -> Stamp:
+    """(position, tensor, version, copy of the values or None) of each :func:`_fixed` tensor
+    input. The program holds them as constants, so it serves only a call that passes the same
+    parameters and buffers, not written since (``load_state_dict``, an optimiser step), and
+    integer / boolean inputs of the same values."""
+    return [(i, x, x._version, None if _static(x) else x.detach().clone())
+            for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and _fixed(x)]
+
+
+def _same_fixed(stamp: Stamp, args: Sequence[object]) -> bool:
+    for i, x, version, values in stamp:
+        a = args[i] if i < len(args) else None
+        if values is None:
+            if a is not x or x._version != version:
+                return False
+        elif not (isinstance(a, torch.Tensor) and a.dtype == values.dtype
+                  and a.shape == values.shape and torch.equal(a, values)):
+            return False
+    return True
 
 
 def _flat(out: object) -> tuple[object, ...]:
@@ -109,9 +162,13 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
     if why is not None:
         log.warning("ollie backend: running the graph unchanged: %s", why)
         return gm.forward
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    device = tensors[0].device.type
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor) and not _fixed(x)]
+    device = next(x for x in inputs if isinstance(x, torch.Tensor)).device.type
+    stamp = _stamp(inputs)
     try:
+        if not tensors:
+            raise UnsupportedError("a graph whose tensor inputs are all parameters, buffers "
+                                   "or integer / boolean tensors")
         with torch.no_grad():
             ref = gm(*inputs)
         refs = _flat(ref)
@@ -130,8 +187,15 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
         fallback = state.get("fallback")
         if fallback is not None:
             return fallback(*args)
+        if not _same_fixed(stamp, args):
+            if "stale" not in state:
+                state["stale"] = gm.forward
+                log.warning("ollie backend: a parameter or buffer changed since the graph was "
+                            "optimised, or an integer / boolean input has other values; such "
+                            "calls run the graph unchanged")
+            return gm.forward(*args)
         try:
-            out = opt(*[a for a in args if isinstance(a, torch.Tensor)])
+            out = opt(*[a for a in args if isinstance(a, torch.Tensor) and not _fixed(a)])
         except Exception as exc:  # the program failed: the graph module from now on
             log.warning("ollie backend: the optimised program failed (%s); running the graph "
                         "unchanged from now on", _cause(exc))

@@ -7,22 +7,26 @@ downloaded: weights are drawn under a fixed seed and calibrated like the zoo's o
 (:mod:`ollie.zoo.init`), inputs are a fixed random batch.
 
 * ``tv:NAME``: ``torchvision.models.NAME(weights=None)`` in eval mode, input
-  ``[batch, 3, size, size]`` (option ``size``, default 224). torchvision's compiled operators
-  (``nms``, ``roi_align``, ...) are built against one torch build; where they cannot load
-  (torchvision's PyPI wheel on a CPU-only torch), :func:`import_torchvision` declares the two
-  operators torchvision's import registers unconditionally, so that the package (whose
-  classification models use none of them) imports; calling one of those operators then raises
-  torch's "no kernel" error.
+  ``[batch, 3, size, size]`` (option ``size``, default 224); a layer torchvision initialises
+  to zero (ViT's classifier head) gets a random weight, so that the output is not constant.
+  torchvision's compiled operators (``nms``, ``roi_align``, ...) are built against one torch
+  build; where they cannot load (torchvision's PyPI wheel on a CPU-only torch),
+  :func:`import_torchvision` declares the two operators torchvision's import registers
+  unconditionally, so that the package (whose classification models use none of them)
+  imports; calling one of those operators then raises torch's "no kernel" error. transformers
+  imports an installed torchvision, so ``hf:NAME`` goes through :func:`import_torchvision`
+  first.
 * ``hf:NAME``: a transformers encoder built from a config (``bert``: BERT-base, 12 layers of
   hidden 768, 12 heads; ``longformer``: Longformer-base-sized with sliding-window attention,
   window 128) taking token embeddings ``[batch, seq, hidden]`` (``inputs_embeds``: Ollie
   optimises float32 programs, so the integer token lookup stays outside) and returning the
   last hidden state. Options ``seq`` (default 128; Longformer pads to a multiple of its window
-  internally), ``layers``, ``hidden``, ``heads``.
+  internally), ``layers``, ``hidden``, ``heads`` (and ``window`` for Longformer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
@@ -50,6 +54,9 @@ HF_MODELS: dict[str, dict[str, int]] = {
     "longformer": {"seq": 512, "layers": 12, "hidden": 768, "heads": 12, "window": 128},
 }
 """The transformers encoders and their options with defaults."""
+
+CALIBRATION_BATCH = 8
+"""Images in the batch a ``tv:`` model's layers are calibrated on (:func:`calibrate`)."""
 
 _INSTALL = "install the optional model suites: pip install -e '.[models]'"
 _SHIM_OPS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -84,6 +91,15 @@ def _seeded_input(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape)
 
 
+def redraw_zero_layers(module: nn.Module) -> None:
+    """Give each convolution or linear layer whose weight is all zero (ViT's classifier head
+    is initialised so) the default random weight of its class, so that the model's output
+    depends on its input."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)) and not bool(m.weight.any()):
+            m.reset_parameters()
+
+
 def build_torchvision(name: str, batch: int = 1, size: int = 224) -> Built:
     """``tv:NAME`` (see the module docstring)."""
     tv = import_torchvision()
@@ -96,7 +112,11 @@ def build_torchvision(name: str, batch: int = 1, size: int = 224) -> Built:
     with seeded(0), torch.no_grad():
         module = factory(weights=None)
         module.eval()
-        calibrate(module, lambda: (torch.randn(2, 3, calib, calib),))
+        redraw_zero_layers(module)
+        # 8 images: the BatchNorms of the last, smallest feature maps need that many values
+        # for running statistics that hold on other inputs (with 2, a random EfficientNet's
+        # activations grow by orders of magnitude on new inputs, and so does float32 rounding)
+        calibrate(module, lambda: (torch.randn(CALIBRATION_BATCH, 3, calib, calib),))
     return module.eval(), (_seeded_input((batch, 3, size, size)),)
 
 
@@ -120,6 +140,9 @@ def build_transformers(name: str, batch: int = 1, **options: int) -> Built:
         raise OllieError(f"hf:{name}: unknown option(s) {', '.join(unknown)} "
                          f"(allowed: {', '.join(HF_MODELS[name])})")
     o = {**HF_MODELS[name], **options}
+    # transformers imports an installed torchvision: let it import where its ops cannot load
+    with contextlib.suppress(OllieError):  # not installed: transformers does without it
+        import_torchvision()
     try:
         transformers = importlib.import_module("transformers")
     except ImportError as exc:
