@@ -16,12 +16,13 @@ all: test
 
 venv: $(STAMP)
 
-# Recreated / re-installed whenever pyproject.toml changes.
+# Recreated / re-installed whenever pyproject.toml changes. The optional model suites
+# (extra 'models': torchvision, transformers) are installed too, so their tests run.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install '$(TORCH)'
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,models]'
 	touch $@
 
 # `make .venv` also creates and installs the environment.
