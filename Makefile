@@ -16,9 +16,9 @@ all: test
 
 venv: $(STAMP)
 
-# Recreated / re-installed whenever pyproject.toml changes. The optional model suites
+# Recreated / re-installed whenever pyproject.toml or this file changes. The optional model suites
 # (extra 'models': torchvision, transformers) are installed too, so their tests run.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install '$(TORCH)'
