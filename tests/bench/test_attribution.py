@@ -101,7 +101,6 @@ def test_four_programs_from_one_run(monkeypatch):
     module = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3)).eval()
     monkeypatch.setattr(models, "build", lambda name, batch: (module, (torch.randn(1, 2, 6, 6),)))
     monkeypatch.setattr(torch, "compile", lambda m: m)
-    monkeypatch.setattr(torch._inductor.config, "freezing", False)  # run_one sets it
     row = models.run_one("tiny", 1, 0.5, {"matmul_flops": 1e11, "copy_bytes": 1e10},
                          log=lambda *_: None, attribution=True)
     switches = [{k: c[k] for k in ("derivation", "kernel_library") if k in c} for c in calls]

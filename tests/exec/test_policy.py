@@ -58,7 +58,8 @@ def _builders_of(monkeypatch, **kwargs) -> tuple[list[str], tuple]:
     a convolution large enough to be offered a Winograd form."""
     seen: list = []
 
-    def fastest_of(self, builders, input_shape, key, make_args=None, prefer=None):
+    def fastest_of(self, builders, input_shape, key, make_args=None, prefer=None,
+                   baseline=None):
         seen.append((sorted(builders), key))
         return lambda x: x
 
