@@ -118,13 +118,14 @@ class _Branchy(nn.Module):
         return {"feat": z, "logits": self.head(z.mean((2, 3)))}, z.shape[0]
 
 
-def _spying(monkeypatch) -> list[int]:
-    calls: list[int] = []
+def _spying(monkeypatch) -> list[list[torch.Tensor]]:
+    """The example inputs of each call of ``optimize`` the backend makes, in order."""
+    calls: list[list[torch.Tensor]] = []
     real = backend.optimize
 
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def spy(model, inputs, *args, **kwargs):
+        calls.append(list(inputs))
+        return real(model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(backend, "optimize", spy)
     return calls
@@ -181,14 +182,7 @@ class _WithIds(nn.Module):
 
 
 def test_parameters_and_integer_buffers_are_constants(monkeypatch, caplog):
-    seen: list[list[torch.Tensor]] = []
-    real = backend.optimize
-
-    def spy(model, inputs, *args, **kwargs):
-        seen.append(list(inputs))
-        return real(model, inputs, *args, **kwargs)
-
-    monkeypatch.setattr(backend, "optimize", spy)
+    seen = _spying(monkeypatch)
     model = _WithIds().eval()
     x = torch.randn(5, 6)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
@@ -215,14 +209,7 @@ class _Masked(nn.Module):
 
 
 def test_boolean_inputs_are_constants_checked_at_each_call(monkeypatch, caplog):
-    seen: list[list[torch.Tensor]] = []
-    real = backend.optimize
-
-    def spy(model, inputs, *args, **kwargs):
-        seen.append(list(inputs))
-        return real(model, inputs, *args, **kwargs)
-
-    monkeypatch.setattr(backend, "optimize", spy)
+    seen = _spying(monkeypatch)
     model = _Masked().eval()
     x, mask = torch.randn(4, 6), torch.rand(4, 6) > 0.5
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
