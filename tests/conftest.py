@@ -9,6 +9,9 @@ a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests 
 ``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
 every ``make test`` that their outcome does not depend on how busy the machine is.
 
+Every test sees a quiet machine (``Settings.load`` 0, :func:`_quiet_machine`), so whether a
+choice is re-measured before it is cached does not depend on the machine's real load.
+
 A test that needs other settings of Ollie (a cache directory of its own, compiling ahead off,
 Triton's interpreter, a clock or a sleep that only records) changes them with
 :func:`ollie.settings.using` or the :func:`ollie_settings` fixture, never through the
@@ -89,6 +92,15 @@ def _timing_under_load(request: pytest.FixtureRequest) -> None:
     """Tests marked ``timing`` get :func:`cpu_hog`."""
     if request.node.get_closest_marker("timing") is not None:
         request.getfixturevalue("cpu_hog")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_machine() -> Iterator[None]:
+    """Every test sees a quiet machine (load average 0): whether a measurement is re-checked
+    before it is cached (:func:`ollie.tune.decide.busy`) does not depend on what else runs.
+    Tests of the behaviour under load set ``load`` with :func:`ollie_settings`."""
+    with using(load=lambda: 0.0):
+        yield
 
 
 @pytest.fixture

@@ -89,9 +89,12 @@ def test_busy_reads_the_settings_load_and_the_spread(ollie_settings):
     assert busy(quiet)
 
 
-def test_busy_reads_getloadavg_by_default(monkeypatch):
+def test_busy_reads_getloadavg_by_default(monkeypatch, ollie_settings):
     import os
 
+    from ollie.settings import Settings
+
+    ollie_settings(load=Settings().load)  # the default, which the suite replaces by 0
     monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 0.0, 0.0), raising=False)
     assert busy([1.0, 1.0, 1.0])
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
