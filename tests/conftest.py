@@ -62,6 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "timing: tests a time budget or a measurement (with a fake clock or by "
         "counting); runs with the cpu_hog fixture: every core kept busy")
+    config.addinivalue_line(
+        "markers", "process_settings: tests of the process's settings, run without the "
+        "suite's quiet-machine override")
 
 
 @pytest.fixture
@@ -95,10 +98,14 @@ def _timing_under_load(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _quiet_machine() -> Iterator[None]:
+def _quiet_machine(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test sees a quiet machine (load average 0): whether a measurement is re-checked
     before it is cached (:func:`ollie.tune.decide.busy`) does not depend on what else runs.
-    Tests of the behaviour under load set ``load`` with :func:`ollie_settings`."""
+    Tests of the behaviour under load set ``load`` with :func:`ollie_settings`; tests marked
+    ``process_settings`` (of the process's settings themselves) run without the override."""
+    if request.node.get_closest_marker("process_settings") is not None:
+        yield
+        return
     with using(load=lambda: 0.0):
         yield
 

@@ -16,6 +16,8 @@ from ollie import cachedir, settings
 from ollie.settings import Settings, current, from_environ, using
 from ollie.testing.clock import FakeClock, stopped_clock
 
+pytestmark = pytest.mark.process_settings
+
 
 def test_the_environment_sets_each_field_and_nothing_else():
     assert from_environ({}) == Settings()
