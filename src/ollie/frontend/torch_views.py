@@ -115,10 +115,14 @@ def _slice_tensor(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Resul
     start, end, length = slice_bounds(xs[axis], a.get("start"), a.get("end"), step)
     if length < 1:
         raise Fallback("an empty slice")
-    x = imp.tensor(a["self"])
-    if length == xs[axis]:
-        return x
-    return _slice(imp, x, axis, start, end, step, node.name)
+    return _window(imp, node, a["self"], xs[axis] == length, axis, start, end, step)
+
+
+def _window(imp: TorchImporter, node: fx.Node, source: Any, whole: bool, axis: int,
+            start: int, end: int, step: int) -> Result:
+    """``source`` itself when the window is ``whole``, else its Slice node."""
+    x = imp.tensor(source)
+    return x if whole else _slice(imp, x, axis, start, end, step, node.name)
 
 
 @register("narrow.default")
@@ -129,10 +133,7 @@ def _narrow(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     start = int(a["start"])
     start = start + xs[axis] if start < 0 else start
     length = int(a["length"])
-    x = imp.tensor(a["self"])
-    if length == xs[axis]:
-        return x
-    return _slice(imp, x, axis, start, start + length, 1, node.name)
+    return _window(imp, node, a["self"], length == xs[axis], axis, start, start + length, 1)
 
 
 @register("select.int")
