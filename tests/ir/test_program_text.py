@@ -5,11 +5,14 @@ declarations and an ``out NAME, ...`` line; round trip with ``format_program``, 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ollie
 from ollie.errors import ParseError
 from ollie.ir import format_program, is_program_text, parse, parse_program
 from ollie.ir.exprprogram import ExprProgram
+from ollie.testing.strategies import expr_programs
 
 TEXT = """\
 # a matmul, its bias and a transposed copy
@@ -84,3 +87,25 @@ def test_single_expression_text_is_not_a_program():
         parse_program("A: [2]\nL<i=0:2> A[i]")
     e = parse("A: [2]\nL<i=0:2> A[i] * 2")
     assert e.shape == (2,)
+
+
+PROGRAM_CHARS = st.sampled_from(list("ALSumrelxYZout<>{}[](),:=+-*/%0123456789.ij \n#"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(PROGRAM_CHARS, max_size=60).map(lambda t: "x: [3]\nY = L<i=0:3> " + t),
+                 st.text(PROGRAM_CHARS, max_size=60).map(lambda t: "x: [3]\n" + t),
+                 st.tuples(expr_programs(), st.integers(0, 400)).map(
+                     lambda p: format_program(p[0])[:p[1]])))
+def test_arbitrary_program_text_parses_or_raises_parse_error(text):
+    """Text near the program syntax parses into a verified program, whose rules and
+    normalisation then run without raising, or raises a ParseError, nothing else."""
+    from ollie.rules.inter_program import apply_program_rules, normalize_program
+
+    try:
+        ep = parse_program(text)
+    except ParseError as exc:
+        assert str(exc).split(":")[0].isdigit()
+        return
+    ep.verify()
+    apply_program_rules(normalize_program(ep))

@@ -34,7 +34,19 @@ from math import prod
 
 from ollie.errors import ExprError
 from ollie.fingerprint import fingerprint, program_fingerprint
-from ollie.ir import Access, BinOp, Expr, Scope, accesses, rename_expr, tensor_names, var
+from ollie.ir import (
+    Access,
+    BinOp,
+    Call,
+    Expr,
+    Node,
+    Scope,
+    accesses,
+    children,
+    rename_expr,
+    tensor_names,
+    var,
+)
 from ollie.ir.exprprogram import ExprProgram
 from ollie.rules.base import fresh_name
 from ollie.rules.common import rename_iters
@@ -45,6 +57,16 @@ MAX_GROUP = 8
 
 MAX_MERGE_GROUPS = 3
 """Most twin groups ``expression_merging`` proposes per program (the largest first)."""
+
+MAX_FUSED_NODES = 4096
+"""Most body nodes (nested scopes' included) of a def made by inlining: inlining a def read
+``r`` times multiplies its size by ``r``, so chains of such defs would grow exponentially.
+A fusion beyond it is not done (normalisation keeps the def)."""
+
+MAX_FUSED_DEPTH = 60
+"""Deepest def made by inlining, in levels (a nested scope or call counts two, any other node
+one), well within the parser's ``MAX_DEPTH`` so the printed program parses again and the
+later stages' recursion stays bounded."""
 
 RESERVED = frozenset({"L", "Sum", "relu", "tanh", "sigmoid", "exp", "log", "sqrt", "abs",
                       "max", "min"})
@@ -144,23 +166,54 @@ def _deps(ep: ExprProgram) -> dict[str, set[str]]:
     return out
 
 
+def _size(node: Node, limit: int) -> tuple[int, int]:
+    """(nodes, depth) of a body, nested scopes included; counting stops past ``limit``
+    nodes."""
+    if isinstance(node, Access):
+        if not isinstance(node.source, Scope):
+            return 1, 1
+        n, d = _size(node.source.body, limit)
+        return n + 1, d + 2
+    n, d = 1, 0
+    for child in children(node):
+        cn, cd = _size(child, limit - n)
+        n, d = n + cn, max(d, cd)
+        if n > limit:
+            break
+    return n, d + (2 if isinstance(node, Call) else 1)
+
+
 def inline_def(ep: ExprProgram, name: str) -> ExprProgram:
     """``ep`` with def ``name`` inlined into every def reading it (the chain rule,
-    :func:`ollie.rules.inter.expression_fusion`) and dropped unless it is an output."""
+    :func:`ollie.rules.inter.expression_fusion`) and dropped unless it is an output. Raises
+    :class:`~ollie.errors.ExprError` when a fused def would exceed :data:`MAX_FUSED_NODES`
+    or :data:`MAX_FUSED_DEPTH`."""
     producer = dict(ep.defs)[name]
-    defs = [(n, expression_fusion(e, name, producer) if n != name and
-             name in tensor_names(e.root) else e) for n, e in ep.defs]
+    defs = []
+    for n, e in ep.defs:
+        if n != name and name in tensor_names(e.root):
+            e = expression_fusion(e, name, producer)
+            nodes, depth = _size(e.root.body, MAX_FUSED_NODES)
+            if nodes > MAX_FUSED_NODES or depth > MAX_FUSED_DEPTH:
+                raise ExprError(f"expression fusion: inlining {name} into {n} makes it too "
+                                f"large ({nodes} nodes, depth {depth})")
+        defs.append((n, e))
     return _rebuild(ep, defs)
 
 
 def normalize_program(ep: ExprProgram) -> ExprProgram:
     """``ep`` with every def without a ``Sum`` (layout and element-wise defs) inlined into its
     readers, in program order, and dropped unless it is an output (exact: every value is
-    computed by the same arithmetic). An output def stays, but its readers still inline it."""
+    computed by the same arithmetic). An output def stays, but its readers still inline it.
+    A def whose inlining would exceed :data:`MAX_FUSED_NODES` or :data:`MAX_FUSED_DEPTH`
+    stays too."""
     for name, _ in ep.defs:
         expr = dict(ep.defs).get(name)
         if expr is not None and not has_sum(expr.root) and ep.readers().get(name):
-            ep = inline_def(ep, name)
+            try:
+                ep = inline_def(ep, name)
+            except ExprError:
+                continue  # too large once inlined: the def stays
     return ep
 
 
