@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ollie.cli import main
-from ollie.commands.derive import best_looking, def_budgets
+from ollie.commands.derive import best_looking, def_budgets, summed_points
 from ollie.ir import parse_program
 
 QKV = """\
@@ -85,6 +85,18 @@ def test_best_looking_prefers_fewest_summing_defs_and_budgets_sum_to_the_total()
     one = parse_program("x: [1, 4, 8]\nY = L<b=0:1, s=0:4, n=0:8> Sum<k=0:8> x[b, s, k]\n"
                         "Z = L<b=0:1, s=0:4, n=0:8> Y[b, s, n] * 2\nout Z\n")
     assert best_looking([ep, one]) == 1 and best_looking([ep, ep]) == 0
+    # inlining a Matmul into two readers computes it twice: not chosen over fewer defs
+    twice = parse_program("x: [4, 8]\nW: [8, 8]\n"
+                          "Z1 = L<m=0:4, n=0:8> { L<m=0:4, n=0:8> Sum<k=0:8> x[m, k] * W[k, n] "
+                          "}[m, n] * 2\n"
+                          "Z2 = L<m=0:4, n=0:8> { L<m=0:4, n=0:8> Sum<k=0:8> x[m, k] * W[k, n] "
+                          "}[m, n] + 1\nout Z1, Z2\n")
+    once = parse_program("x: [4, 8]\nW: [8, 8]\n"
+                         "Y = L<m=0:4, n=0:8> Sum<k=0:8> x[m, k] * W[k, n]\n"
+                         "Z1 = L<m=0:4, n=0:8> Y[m, n] * 2\nZ2 = L<m=0:4, n=0:8> Y[m, n] + 1\n"
+                         "out Z1, Z2\n")
+    assert summed_points(dict(twice.defs)["Z1"].root) == 4 * 8 * 8
+    assert best_looking([once, twice]) == 0
     shares = def_budgets(ep, 10.0)
     assert abs(sum(shares) - 10.0) < 1e-9
     assert shares[0] > shares[3] > 0  # the Matmul Q over the bias add Qb

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ollie.errors import ConfigError, OllieError, ParseError
 from ollie.ir import format_expr, format_program, is_program_text, parse, parse_program
 from ollie.ir.exprprogram import ExprProgram
 from ollie.program.params import EOpParams
+
+MAX_EXTRA_WORK = 0.1
+"""How much more reduction work than the original (a fraction of :func:`summed_points`) a
+program may do and still be chosen by :func:`best_looking`
+(docs/design/025-progrules-program-text.md)."""
 
 FIXED_SHARE = 0.2
 """Share of a program's time budget split evenly over its defs; the rest is split in
@@ -141,14 +147,32 @@ def _explain(i: int, cand) -> None:
 
 
 # --------------------------------------------------------------------- program files
+def summed_points(scope) -> int:
+    """Iteration points (traversal x summation) of every scope with a ``Sum`` in ``scope``,
+    nested scopes included, counted once per read site: the reduction work a program does,
+    which inlining a def into several readers multiplies and merging keeps."""
+    from ollie.ir import accesses
+    from ollie.ir.nodes import Scope
+
+    own = math.prod(it.size for it in scope.iters) if scope.summation else 0
+    return own + sum(summed_points(a.source) for a in accesses(scope.body)
+                     if isinstance(a.source, Scope))
+
+
 def best_looking(programs: list[ExprProgram]) -> int:
-    """The index of the program with the fewest defs holding a ``Sum`` (the likely library
-    kernels: a merge makes three one), then the fewest defs; the first of equals."""
+    """The index of the best-looking program: among those whose reduction work
+    (:func:`summed_points`) exceeds the first program's by at most :data:`MAX_EXTRA_WORK`
+    (inlining a def into several readers computes it several times), the one with the fewest
+    defs holding a ``Sum`` (the likely library kernels: a merge makes three one), then the
+    least work, then the fewest defs; the first of equals."""
     from ollie.rules.inter_program import has_sum
 
-    def key(k: int) -> tuple[int, int, int]:
+    work = [sum(summed_points(e.root) for _, e in ep.defs) for ep in programs]
+
+    def key(k: int) -> tuple[bool, int, int, int, int]:
         ep = programs[k]
-        return sum(has_sum(e.root) for _, e in ep.defs), len(ep.defs), k
+        return (work[k] > (1 + MAX_EXTRA_WORK) * work[0],
+                sum(has_sum(e.root) for _, e in ep.defs), work[k], len(ep.defs), k)
 
     return min(range(len(programs)), key=key)
 
