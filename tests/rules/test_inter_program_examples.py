@@ -149,3 +149,16 @@ def test_apply_program_rules_dedups_and_a_rule_registers_once():
     assert sorted({d.rule for d in derived}) == ["expression_merging", "expression_splitting"]
     with pytest.raises(ValueError, match="registered twice"):
         register_program_rule("expression_fusion")(lambda ep: [])
+
+
+def test_twins_written_differently_merge_as_the_first_writes_them():
+    ep = parse_program("x: [2, 4]\nWq: [4, 3]\nWk: [4, 3]\n"
+                       "Q = L<m=0:2, n=0:3> Sum<k=0:4> x[m, k] * Wq[k, n] * 2\n"
+                       "K = L<i=0:2, j=0:3> Sum<l=0:4> x[i, l] * (Wk[l, j] * 2)\n"
+                       "out Q, K\n")
+    merged = PROGRAM_RULES["expression_merging"](ep)
+    assert [d.note.split(" (")[0] for d in merged] == ["merge Q, K into Q_K"] * 2
+    text = format_program(merged[0].program)
+    assert "Q_K = L<m=0:2, g=0:2, n=0:3> Sum<k=0:4> x[m, k] * {" in text
+    for d in merged:
+        _check(ep, d.program)

@@ -49,7 +49,6 @@ from ollie.ir import (
 )
 from ollie.ir.exprprogram import ExprProgram
 from ollie.rules.base import fresh_name
-from ollie.rules.common import rename_iters
 from ollie.rules.inter import expression_fusion, expression_splitting, merge_expressions
 
 MAX_GROUP = 8
@@ -302,16 +301,6 @@ def _twin_key(expr: Expr) -> str:
                             rename_expr(expr, names).root))
 
 
-def _aligned(expr: Expr, like: Expr) -> Expr | None:
-    """``expr`` with its root iterators renamed to ``like``'s by position, or None when the
-    two roots have different iterator counts."""
-    a, b = expr.root, like.root
-    if len(a.traversal) != len(b.traversal) or len(a.summation) != len(b.summation):
-        return None
-    names = {x.name: y.name for x, y in zip(a.iters, b.iters, strict=True)}
-    return Expr(expr.decls, rename_iters(a, names))
-
-
 def _twin_groups(ep: ExprProgram) -> list[list[str]]:
     """Groups (2..:data:`MAX_GROUP` defs, program order) of mutually independent renamed
     twins, largest def first, at most :data:`MAX_MERGE_GROUPS`."""
@@ -340,19 +329,18 @@ def merge_group(ep: ExprProgram, members: list[str], g_at: int | str
                 ) -> tuple[ExprProgram, str] | None:
     """``ep`` with the twin defs ``members`` merged (``g_at`` as in
     :func:`~ollie.rules.inter.merge_expressions`) into one def followed by slice defs keeping
-    the members' names, and the merged def's name; None when they do not merge (different
-    structure, or no operand differs)."""
+    the members' names, and the merged def's name; None when they do not merge (not twins,
+    no operand differs, or an operand that differs is read inside a nested scope). Each
+    member after the first is replaced by the first with its operands renamed, so twins
+    written differently (iterator names, operand order of ``+``/``*``) merge too."""
     defs = dict(ep.defs)
     first = defs[members[0]]
-    exprs = [first]
-    for m in members[1:]:
-        al = _aligned(defs[m], first)
-        if al is None:
-            return None
-        exprs.append(al)
-    ops = [_operands(e) for e in exprs]
-    if len({len(o) for o in ops}) != 1:
+    ops = [_operands(defs[m]) for m in members]
+    if len({len(o) for o in ops}) != 1 or len({_twin_key(defs[m]) for m in members}) != 1:
         return None
+    # equal keys: member i computes what the first computes on its own operands (equal
+    # canonical forms mean equivalent expressions), written exactly like the first
+    exprs = [first] + [rename_expr(first, dict(zip(ops[0], o, strict=True))) for o in ops[1:]]
     differ = [j for j in range(len(ops[0])) if len({o[j] for o in ops}) > 1]
     if not differ:
         return None
