@@ -20,8 +20,16 @@ import json
 import math
 import sys
 
-from ollie.errors import ConfigError, OllieError, ParseError
-from ollie.ir import format_expr, format_program, is_program_text, parse, parse_program
+from ollie.errors import ConfigError, OllieError
+from ollie.ir import (
+    Scope,
+    accesses,
+    format_expr,
+    format_program,
+    is_program_text,
+    parse,
+    parse_program,
+)
 from ollie.ir.exprprogram import ExprProgram
 from ollie.program.params import EOpParams
 
@@ -147,13 +155,10 @@ def _explain(i: int, cand) -> None:
 
 
 # --------------------------------------------------------------------- program files
-def summed_points(scope) -> int:
+def summed_points(scope: Scope) -> int:
     """Iteration points (traversal x summation) of every scope with a ``Sum`` in ``scope``,
     nested scopes included, counted once per read site: the reduction work a program does,
     which inlining a def into several readers multiplies and merging keeps."""
-    from ollie.ir import accesses
-    from ollie.ir.nodes import Scope
-
     own = math.prod(it.size for it in scope.iters) if scope.summation else 0
     return own + sum(summed_points(a.source) for a in accesses(scope.body)
                      if isinstance(a.source, Scope))
@@ -183,10 +188,10 @@ def def_budgets(ep: ExprProgram, time_budget: float) -> list[float]:
     from ollie.match.eop import scope_flops
 
     flops = [scope_flops(e.root) for _, e in ep.defs]
-    total = sum(flops) or 1
-    n = len(flops)
-    return [time_budget * (FIXED_SHARE / n + (1 - FIXED_SHARE) * f / total) if sum(flops)
-            else time_budget / n for f in flops]
+    total, n = sum(flops), len(flops)
+    if not total:
+        return [time_budget / n] * n
+    return [time_budget * (FIXED_SHARE / n + (1 - FIXED_SHARE) * f / total) for f in flops]
 
 
 def run_program(args: argparse.Namespace, text: str, source: str) -> int:
@@ -213,8 +218,8 @@ def run_program(args: argparse.Namespace, text: str, source: str) -> int:
             res = derive(expr, max_depth=args.max_depth, time_budget=budget,
                          max_candidates=limit, guided=not args.no_guided,
                          fingerprint_pruning=not args.no_pruning, progress=update)
-        except (ConfigError, ParseError):
-            raise
+        except ConfigError:
+            raise  # a bad option: not about the file
         except OllieError as exc:
             raise InputError(f"{source}: def {name}: {exc}") from exc
         finally:

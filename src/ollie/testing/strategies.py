@@ -206,11 +206,11 @@ def expr_programs(draw) -> ExprProgram:
             pits = tuple(Iter(f"i{k}", 0, d) for k, d in enumerate(shp))
             if len(shp) >= 2:
                 order = (*pits[:-2], pits[-1], pits[-2])
-                read = Access(src, tuple(var(it.name) for it in pits))
+                move = Access(src, tuple(var(it.name) for it in pits))
             else:
                 order = pits
-                read = Access(src, (const(shp[0] - 1) - var("i0"),))
-            defs.append(("P", Expr((), Scope(order, (), read))))
+                move = Access(src, (const(shp[0] - 1) - var("i0"),))
+            defs.append(("P", Expr((), Scope(order, (), move))))
         else:
             body = BinOp("*", Access("T0", idx), Access("T0", idx))
             defs.append(("S", Expr((), Scope(its[:1], its[1:], body) if len(its) > 1 else
@@ -221,8 +221,8 @@ def expr_programs(draw) -> ExprProgram:
         full.append((name, Expr(tuple((n, shapes[n]) for n in sorted(tensor_names(e.root))),
                                 e.root)))
         shapes[name] = e.shape
-    read = set().union(*(tensor_names(e.root) for _, e in full))
-    outs = [n for n, _ in full if n not in read]
+    used = set().union(*(tensor_names(e.root) for _, e in full))
+    outs = [n for n, _ in full if n not in used]
     more = draw(st.sampled_from([n for n, _ in full]))
     if more not in outs and draw(st.booleans()):
         outs.append(more)
