@@ -35,7 +35,7 @@ def _derive(tmp_path, capsys, text, *extra):
 
 
 def test_program_file_lists_rules_and_derives_each_def_of_the_merged_program(tmp_path, capsys):
-    status, out, err, _ = _derive(tmp_path, capsys, QKV)
+    status, out, err, _ = _derive(tmp_path, capsys, QKV, "--explain")
     assert status == 0, err
     lines = out.splitlines()
     assert lines[0] == "program: 5 inputs, 4 defs (4 after normalisation), outputs Qb, K, V"
@@ -48,6 +48,7 @@ def test_program_file_lists_rules_and_derives_each_def_of_the_merged_program(tmp
     derived = [ln.split(":")[0] for ln in lines if ln.startswith("def ")]
     assert derived == ["def Q_K_V", "def K", "def V", "def Qb"]
     assert sum(ln.strip().startswith("best: ") for ln in lines) == 4
+    assert sum(ln.startswith("candidate 0: ") for ln in lines) == 4  # --explain, per def
 
 
 def test_program_file_json_has_a_defs_list(tmp_path, capsys):

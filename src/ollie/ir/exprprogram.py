@@ -7,7 +7,8 @@ An :class:`ExprProgram` declares its ``inputs`` (name, shape), a topologically o
 expression and sliced back) has one def per tensor. Its meaning is
 :func:`ollie.semantics.program.interpret_program`, its fingerprint
 :func:`ollie.fingerprint.program_fingerprint` (the IR does not import the fingerprint module,
-which imports the IR).
+which imports the IR). The program rules are :mod:`ollie.rules.inter_program`; the text form
+is :func:`ollie.ir.program_text.parse_program` and :func:`ollie.ir.printer.format_program`.
 """
 
 from __future__ import annotations
