@@ -21,12 +21,14 @@ from ollie.ir.nodes import (
     tensor_names,
 )
 from ollie.ir.parser import parse
-from ollie.ir.printer import format_expr, format_index, format_scope
+from ollie.ir.printer import format_expr, format_index, format_program, format_scope
+from ollie.ir.program_text import is_program_text, parse_program
 from ollie.ir.verify import verify, verify_scope
 
 __all__ = [
     "Access", "Affine", "BinOp", "Call", "Const", "Expr", "FloorDiv", "Iter", "Mod", "Neg",
     "Node", "Scope", "Var", "accesses", "affine", "as_affine", "children", "const",
-    "format_expr", "format_index", "format_scope", "make_expr", "map_body", "neg",
-    "nested_scopes", "parse", "rename_expr", "tensor_names", "var", "verify", "verify_scope",
+    "format_expr", "format_index", "format_program", "format_scope", "is_program_text",
+    "make_expr", "map_body", "neg", "nested_scopes", "parse", "parse_program", "rename_expr",
+    "tensor_names", "var", "verify", "verify_scope",
 ]

@@ -7,7 +7,8 @@ An :class:`ExprProgram` declares its ``inputs`` (name, shape), a topologically o
 expression and sliced back) has one def per tensor. Its meaning is
 :func:`ollie.semantics.program.interpret_program`, its fingerprint
 :func:`ollie.fingerprint.program_fingerprint` (the IR does not import the fingerprint module,
-which imports the IR).
+which imports the IR). The program rules are :mod:`ollie.rules.inter_program`; the text form
+is :func:`ollie.ir.program_text.parse_program` and :func:`ollie.ir.printer.format_program`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ollie.errors import ExprError
-from ollie.ir.nodes import Expr, rename_expr
+from ollie.ir.nodes import Expr, rename_expr, tensor_names
 from ollie.ir.verify import verify
 
 Shape = tuple[int, ...]
@@ -76,6 +77,32 @@ class ExprProgram:
         return ExprProgram(tuple((names.get(n, n), s) for n, s in self.inputs),
                            tuple((names.get(n, n), rename_expr(e, names)) for n, e in self.defs),
                            tuple(names.get(o, o) for o in self.outputs))
+
+    def readers(self) -> dict[str, list[str]]:
+        """For every tensor (input or def), the defs that read it, in program order."""
+        out: dict[str, list[str]] = {n: [] for n in self.shapes()}
+        for name, expr in self.defs:
+            for dep in sorted(tensor_names(expr.root)):
+                out.setdefault(dep, []).append(name)
+        return out
+
+    def tidy(self) -> ExprProgram:
+        """The program with each def declaring exactly the tensors it reads, in program order
+        (inputs as declared, then defs): the form the program text syntax implies
+        (:func:`ollie.ir.printer.format_program`). Raises
+        :class:`~ollie.errors.ExprError` when a def reads a tensor the program lacks."""
+        shapes = self.shapes()
+        order = {n: i for i, n in enumerate(shapes)}
+        defs = []
+        for name, expr in self.defs:
+            reads = tensor_names(expr.root)
+            missing = reads - shapes.keys()
+            if missing:
+                raise ExprError(f"expression program: '{name}' reads {sorted(missing)}, "
+                                "which the program does not define")
+            decls = tuple((n, shapes[n]) for n in sorted(reads, key=order.__getitem__))
+            defs.append((name, Expr(decls, expr.root)))
+        return ExprProgram(self.inputs, tuple(defs), self.outputs)
 
 
 __all__ = ["ExprProgram"]

@@ -485,6 +485,10 @@ def _magnitude(e: Affine, ranges: Mapping[str, tuple[int, int]]) -> int:
     return total
 
 
+ExprParser = _Parser
+"""The recursive-descent parser, for the program syntax (:mod:`ollie.ir.program_text`)."""
+
+
 def parse(text: str, source: str | None = None) -> Expr:
     """Parse expression text into an :class:`Expr`; raises :class:`ParseError` on bad text.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ollie.ir.exprprogram import ExprProgram
 from ollie.ir.index import Affine, FloorDiv, Var
 from ollie.ir.nodes import Access, BinOp, Call, Const, Expr, Iter, Neg, Node, Scope
 
@@ -19,6 +20,19 @@ def format_expr(expr: Expr) -> str:
     """The canonical text of an expression: declarations, then the root scope."""
     lines = [f"{name}: [{', '.join(str(d) for d in shape)}]" for name, shape in expr.decls]
     lines.append(format_scope(expr.root))
+    return "\n".join(lines) + "\n"
+
+
+def format_program(ep: ExprProgram) -> str:
+    """The canonical text of an expression program (the program syntax of
+    :func:`ollie.ir.program_text.parse_program`): one declaration per input, one line
+    ``NAME = <root scope>`` per def in order, then ``out NAME, ...``. A def's declarations are
+    implied by the tensors it reads, so ``parse_program(format_program(ep)) == ep`` holds when
+    each def declares exactly the tensors it reads, in program order (inputs, then defs;
+    :meth:`ExprProgram.tidy`)."""
+    lines = [f"{name}: [{', '.join(str(d) for d in shape)}]" for name, shape in ep.inputs]
+    lines += [f"{name} = {format_scope(expr.root)}" for name, expr in ep.defs]
+    lines.append(f"out {', '.join(ep.outputs)}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""Derivation rules (the paper's Table 2), registered by name in :data:`RULES`."""
+"""Derivation rules (the paper's Table 2), registered by name in :data:`RULES`; the
+inter-expression rules on expression programs in :data:`PROGRAM_RULES`."""
 
 from ollie.rules import (  # noqa: F401  (importing registers the rules)
     boundary,
@@ -8,5 +9,7 @@ from ollie.rules import (  # noqa: F401  (importing registers the rules)
     variable_substitution,
 )
 from ollie.rules.base import INTRA_RULES, RULES, Derived, apply_rule, scope_paths
+from ollie.rules.inter_program import PROGRAM_RULES, DerivedProgram, normalize_program
 
-__all__ = ["INTRA_RULES", "RULES", "Derived", "apply_rule", "scope_paths"]
+__all__ = ["INTRA_RULES", "PROGRAM_RULES", "RULES", "Derived", "DerivedProgram", "apply_rule",
+           "normalize_program", "scope_paths"]

@@ -4,9 +4,9 @@ Used by the property tests of the IR, the interpreter, the rules and the fingerp
 generated expressions are small (so a brute-force evaluator stays fast), exercise zero padding
 (indices that leave the tensor), negative range starts, div/mod indices and nested scopes, and
 avoid functions that overflow or produce NaN on random data. :func:`padded_products` draws
-products of reads that leave their tensors (where structural zeros annihilate), and
+products of reads that leave their tensors (where structural zeros annihilate),
 :func:`inputs_with_specials` inputs for an expression with NaN and infinities at random
-positions.
+positions, and :func:`expr_programs` small expression programs for the inter-expression rules.
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ from ollie.ir import (
     Iter,
     Node,
     Scope,
+    accesses,
     const,
     neg,
+    rename_expr,
+    tensor_names,
     var,
 )
+from ollie.ir.exprprogram import ExprProgram
 
 if TYPE_CHECKING:
     from ollie.graph import Graph
@@ -163,6 +167,77 @@ def inputs_with_specials(draw, expr: Expr, max_specials: int = 3) -> dict[str, n
         for _ in range(min(count, flat.size)):
             flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(SPECIALS))
     return out
+
+
+# --------------------------------------------------------------------- expression programs
+@st.composite
+def expr_programs(draw) -> ExprProgram:
+    """A tidy :class:`ExprProgram` of 2-5 defs over small inputs: 1-3 twins ``T0, T1, ...``
+    of one :func:`exprs` expression whose first tensor read outside nested scopes is renamed
+    per twin (``A0, A1, ...`` when it is ``A``: the holes a merge stacks; the other tensor,
+    when drawn, is shared), then maybe an element-wise consumer ``C`` of ``T0`` (adding ``T1``
+    when there is one), a layout def ``P`` (a transpose of the last two dimensions, or a
+    reversal at rank 1) of the latest def, and a summing consumer ``S`` of ``T0`` (a compute
+    -> compute chain). The outputs are the defs nothing reads, maybe with one more."""
+    base = draw(exprs(depth=1))
+    top = [a.source for a in accesses(base.root.body) if isinstance(a.source, str)]
+    hole = top[0] if top else base.decls[0][0]  # a tensor read outside nested scopes
+    inputs = {n: s for n, s in base.decls if n != hole}
+    defs: list[tuple[str, Expr]] = []
+    for k in range(draw(st.sampled_from([2, 1, 2, 3]))):  # mostly twins to merge
+        inputs[f"{hole}{k}"] = base.inputs[hole]
+        defs.append((f"T{k}", rename_expr(base, {hole: f"{hole}{k}"})))
+    shape = base.shape
+    its = tuple(Iter(f"i{k}", 0, d) for k, d in enumerate(shape))
+    idx = tuple(var(it.name) for it in its)
+    extra = draw(st.lists(st.sampled_from("CPS"), unique=True, max_size=3))
+    if len(defs) == 1 and not extra:
+        extra = ["C"]
+    for kind in sorted(extra, key="CPS".index)[: 5 - len(defs)]:
+        if kind == "C":
+            body: Node = draw(st.sampled_from([
+                Call("relu", (Access("T0", idx),)), BinOp("*", Access("T0", idx), Const(2.0)),
+                BinOp("-", Call("tanh", (Access("T0", idx),)), Const(1.0))]))
+            if len(defs) > 1 and defs[1][0] == "T1":
+                body = BinOp("+", body, Access("T1", idx))
+            defs.append(("C", Expr((), Scope(its, (), body))))
+        elif kind == "P":
+            src, shp = defs[-1][0], defs[-1][1].shape
+            pits = tuple(Iter(f"i{k}", 0, d) for k, d in enumerate(shp))
+            if len(shp) >= 2:
+                order = (*pits[:-2], pits[-1], pits[-2])
+                move = Access(src, tuple(var(it.name) for it in pits))
+            else:
+                order = pits
+                move = Access(src, (const(shp[0] - 1) - var("i0"),))
+            defs.append(("P", Expr((), Scope(order, (), move))))
+        else:
+            body = BinOp("*", Access("T0", idx), Access("T0", idx))
+            defs.append(("S", Expr((), Scope(its[:1], its[1:], body) if len(its) > 1 else
+                                   Scope(its, (), body))))
+    shapes = dict(inputs)
+    full = []
+    for name, e in defs:
+        full.append((name, Expr(tuple((n, shapes[n]) for n in sorted(tensor_names(e.root))),
+                                e.root)))
+        shapes[name] = e.shape
+    used = set().union(*(tensor_names(e.root) for _, e in full))
+    outs = [n for n, _ in full if n not in used]
+    more = draw(st.sampled_from([n for n, _ in full]))
+    if more not in outs and draw(st.booleans()):
+        outs.append(more)
+    return ExprProgram(tuple(inputs.items()), tuple(full), tuple(outs)).tidy()
+
+
+@st.composite
+def program_inputs(draw, ep: ExprProgram, specials: bool = True) -> dict[str, np.ndarray]:
+    """Inputs for ``ep``: :func:`inputs_with_specials` of its inputs (NaN and infinities at
+    random positions) when ``specials``, else standard normal values."""
+    expr = Expr(tuple(ep.inputs), Scope((Iter("i", 0, 1),), (), Const(0.0)))
+    if specials:
+        return draw(inputs_with_specials(expr))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    return {n: rng.standard_normal(s, dtype=np.float32) for n, s in ep.inputs}
 
 
 # --------------------------------------------------------------------- linear-region graphs
