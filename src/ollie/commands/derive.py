@@ -36,7 +36,7 @@ from ollie.program.params import EOpParams
 MAX_EXTRA_WORK = 0.1
 """How much more reduction work than the original (a fraction of :func:`summed_points`) a
 program may do and still be chosen by :func:`best_looking`
-(docs/design/025-progrules-program-text.md)."""
+(docs/design/025-program-text.md)."""
 
 FIXED_SHARE = 0.2
 """Share of a program's time budget split evenly over its defs; the rest is split in

@@ -1,7 +1,7 @@
 """Text syntax of expression programs (:class:`~ollie.ir.exprprogram.ExprProgram`).
 
 An addition to the expression syntax (EXPR_SYNTAX.md; documented in
-docs/design/025-progrules-program-text.md): input declarations as in one expression, then one
+docs/design/025-program-text.md): input declarations as in one expression, then one
 definition ``NAME = <scope>`` per def (reading inputs and earlier defs by name), then
 ``out NAME, ...`` naming the outputs::
 

@@ -36,6 +36,7 @@ class OptimizeConfig:
     choose_libraries: bool = True  # CPU: time per-operator vs uniform convolution libraries
     context: bool = True          # CPU: switch each rewrite on / off in the whole program
     merge_siblings: bool = True   # sibling operators (Q/K/V) as one subprogram when faster
+    fuse_chains: bool = True      # window/pad/product chains into a sum as one subprogram
     # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
     # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
     # optimisation whose comparisons of such programs are less faithful (the test suite)

@@ -37,9 +37,11 @@ from ollie.exec.conv import TORCH
 from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
+from ollie.graph.chains import Chain, contraction_chains
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
+from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -106,6 +108,7 @@ class _Optimizer:
         """Per graph node or merged sibling group: its decision key when a rewrite was chosen
         for it, and its kernels (:meth:`assemble`)."""
         self.merged: dict[str, MergeOutcome] = {}  # sibling groups' decisions by key
+        self.chained: dict[str, ChainOutcome] = {}  # contraction chains' decisions by key
         self.rewrite_keys: dict[str, str] = {}
         """Decision key of each node that got a rewrite (:meth:`compute_node`)."""
         self.alternatives: dict[str, list[tuple[str, list[Kernel]]]] = {}
@@ -126,10 +129,14 @@ class _Optimizer:
                   if self.config.merge_siblings and self.config.derivation}
         decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
         placed: set[str] = set()  # members a merged group computes
+        chains = {c.sink.name: c for c in contraction_chains(self.graph)
+                  if self.config.fuse_chains and self.config.derivation
+                  and not any(c.sink in g for g in groups.values())}
         for node in self.graph.nodes:
             if node.name in placed:
                 done += 1
                 continue
+            start = len(self.report)
             if node.op in COMPUTE_OPS:
                 if self.progress:
                     self.progress(node.name, done, total)
@@ -143,6 +150,12 @@ class _Optimizer:
                 chosen = decided.pop(node.name, None) or self.compute_node(node)
             else:
                 chosen = self.other_node(node)
+            chain = chains.get(node.name)
+            fused = None if chain is None else self.fused_chain(chain, chosen, kernels, start)
+            if fused is not None:
+                kernels += fused
+                self.track_layout(node, fused)
+                continue
             kernels += chosen
             self.track_layout(node, chosen)
             self.parts.append(Part((node,), self.rewrite_keys.get(node.name), chosen))
@@ -175,6 +188,23 @@ class _Optimizer:
         self.report[start:] = [merged.report]
         self.parts.append(Part(group, merged.key, merged.kernels))
         return merged.kernels
+
+    def fused_chain(self, chain: Chain, chosen: list[Kernel], kernels: list[Kernel],
+                    start: int) -> list[Kernel] | None:
+        """The chain's fused kernels when kept (:func:`~ollie.optimizer.chains.splice`)."""
+        try:
+            fused = fuse_chain(self.graph, chain, chain_baseline(chain, self.parts, chosen),
+                               self.constants, self.config, self.cache, self.rng, self.chained)
+        except Exception as exc:  # never lose the model to one subprogram
+            self.note(f"chain at {chain.sink.name}: not fused ({_cause(exc)})")
+            return None
+        self.notes += [fused.note] if fused is not None else []
+        if fused is None or fused.outcome.kernels is None:
+            return None
+        self.rewrite_keys.pop(chain.sink.name, None)
+        self.alternatives.pop(chain.sink.name, None)
+        self.parts = splice(fused, chain, self.parts, kernels, self.report, start)
+        return fused.kernels
 
     def track_layout(self, node: Node, chosen: list[Kernel]) -> None:
         """Record whether ``node``'s output will likely be channels-last when the program runs

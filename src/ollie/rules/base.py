@@ -13,12 +13,39 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ollie.ir import Access, Expr, Node, Scope, accesses, map_body
 from ollie.ir.structural import annihilating_reads
 
 Path = tuple[int, ...]
+
+_FINITE: ContextVar[bool] = ContextVar("ollie_rules_finite_inputs", default=False)
+
+
+@contextmanager
+def assume_finite_inputs() -> Iterator[None]:
+    """Within this block, rules may make rewrites that are exact for finite inputs only:
+    :func:`~ollie.rules.traversal_merging.inline` inlines a nested scope whose padding zeros
+    are ordinary elements of a product (a zero-padded window read by a product), where the
+    inlined form reads the padding as a structural zero. With an infinity or a NaN in the
+    other factor the original gives NaN there and the inlined form 0. Outside (the
+    default) every rule is NaN-exact. The optimizer enters it for fused operator chains
+    (:mod:`ollie.optimizer.chains`), whose programs are checked on finite random inputs
+    like every other rewrite; docs/design/026-finite-inputs.md."""
+    token = _FINITE.set(True)
+    try:
+        yield
+    finally:
+        _FINITE.reset(token)
+
+
+def finite_inputs_assumed() -> bool:
+    """Whether rewrites exact only for finite inputs are allowed here
+    (:func:`assume_finite_inputs`)."""
+    return _FINITE.get()
 
 
 @dataclass(frozen=True, slots=True)

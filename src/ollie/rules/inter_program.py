@@ -61,7 +61,7 @@ MAX_FUSED_NODES = 4096
 """Most body nodes (nested scopes' included) of a def made by inlining: inlining a def read
 ``r`` times multiplies its size by ``r``, so chains of such defs would grow exponentially.
 A fusion beyond it is not done (normalisation keeps the def);
-docs/design/025-progrules-program-text.md."""
+docs/design/025-program-text.md."""
 
 MAX_FUSED_DEPTH = 60
 """Deepest def made by inlining, in levels (a nested scope or call counts two, any other node

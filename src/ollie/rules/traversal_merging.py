@@ -12,7 +12,8 @@ summation is inlined only when the reader's body is a product in which the read 
 A nested scope read where its structural zero could annihilate a product
 (:func:`~ollie.ir.structural.annihilating_reads`) is inlined only when its body can never be a
 structural zero: its elements are ordinary values, the inlined body's out-of-range reads would
-annihilate the product where the original multiplies a NaN or an infinity by an ordinary 0.
+annihilate the product where the original multiplies a NaN or an infinity by an ordinary 0
+(allowed within :func:`~ollie.rules.base.assume_finite_inputs`: exact for finite inputs).
 
 Distributing a product over a nested sum is exact for finite values but not with infinities
 (``(1 + 0) * inf`` is inf, ``1 * inf + 0 * inf`` is NaN): that inlining is not NaN-exact.
@@ -29,7 +30,14 @@ from collections.abc import Mapping
 
 from ollie.ir import Access, BinOp, Const, Expr, Iter, Neg, Node, Scope, map_body, var
 from ollie.ir.structural import annihilating_reads, may_be_structural, source_extents
-from ollie.rules.base import Derived, Path, derive_each_scope, fresh_name, register
+from ollie.rules.base import (
+    Derived,
+    Path,
+    derive_each_scope,
+    finite_inputs_assumed,
+    fresh_name,
+    register,
+)
 from ollie.rules.common import iter_names, subst_body
 
 
@@ -91,7 +99,7 @@ def inline(scope: Scope, target_pos: int,
     if inner.summation and not _is_factor(scope.body, target_pos):
         return None
     live = [flag for a, flag in annihilating_reads(scope.body) if isinstance(a.source, Scope)]
-    if live[target_pos] and not inner.summation and \
+    if live[target_pos] and not inner.summation and not finite_inputs_assumed() and \
             (shapes is None or
              may_be_structural(inner.body, inner.ranges, source_extents(shapes))):
         return None  # an ordinary element would become a structural zero of the product
