@@ -85,6 +85,7 @@ def test_random_mask_hides_it(broken_scores) -> None:
     prog = ollie.optimize(model, (x, mask), **FAST)
     assert broken_scores
     assert not any("falling back" in n for n in prog.notes), prog.notes
+    assert any("checked against" in n and "on the example inputs" in n for n in prog.notes)
     zero = torch.zeros(N)
     with torch.no_grad():
         assert (prog(x, zero) - model(x, zero)).abs().max() > 1e-2  # the kernel is wrong

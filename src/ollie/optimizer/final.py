@@ -151,25 +151,25 @@ def example_error(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tens
 
 
 def confirm(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
-            notes: list[str], warn: bool = True) -> bool:
-    """Whether ``prog`` matches the model on the example inputs within ``ref.rtol`` (True
-    when there are none); if not, a note (and with ``warn`` a warning) names the output and
-    the error."""
+            notes: list[str], warn: bool = True) -> float | None:
+    """``prog``'s relative error on the example inputs (:func:`example_error`; 0 when there
+    are none) when within ``ref.rtol``, else None, and a note (with ``warn`` a warning too)
+    naming the output and the error."""
     if not ref.examples:
-        return True
+        return 0.0
     try:
         got = CompiledProgram(prog, cfg.device).run(ref.examples)
         err, out = example_error(got, ref.example_want)
     except Exception as exc:  # a program that fails is not used, whatever the cause
         err, out = math.inf, f"none: it failed to run ({type(exc).__name__}: {exc})"
     if err <= ref.rtol:
-        return True
+        return err
     text = (f"{label} program disagrees with the model on the example inputs (output "
             f"'{out}': relative error {err:.2e}, allowed {ref.rtol:.2e})")
     notes.append(text)
     if warn:
         log.warning("%s; not used", text)
-    return False
+    return None
 
 
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
@@ -203,14 +203,15 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             notes.append(f"{label} program disagrees with the model (relative error "
                          f"{err:.2e})")
             continue
-        if not confirm(candidate, ref, cfg, label, notes, warn=False):
+        on_examples = confirm(candidate, ref, cfg, label, notes, warn=False)
+        if on_examples is None:
             continue
         notes.append(f"checked against the original model: max relative error {err:.2e}"
-                     + (" (and on the example inputs)" if ref.examples else ""))
+                     + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
         alternatives = {ORIGINALS: originals} if originals is not None else {}
         chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
-        if chosen is not candidate and not confirm(chosen, ref, cfg, "library choice's",
-                                                   notes):
+        if chosen is not candidate and \
+                confirm(chosen, ref, cfg, "library choice's", notes) is None:
             return candidate, None, label
         return chosen, decision, label
     notes.append("falling back to the original operators")

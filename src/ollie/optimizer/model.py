@@ -459,7 +459,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             log.warning("program context step skipped: %s", _cause(exc))
             refined = None
         if refined is not None and refined.on != start and \
-                not confirm(refined.program, ref, cfg, "program context step's", notes):
+                confirm(refined.program, ref, cfg, "program context step's", notes) is None:
             refined = None
         if refined is not None and refined.on != start:
             prog = refined.program
