@@ -6,6 +6,12 @@ into :data:`ollie.frontend.torch_ops.HANDLERS` on import):
   ``unbind`` add a ``Reshape`` that drops the axis);
 * ``expand`` / ``expand_as`` -> ``Expand``; ``pad`` (constant mode) / ``constant_pad_nd``
   with value 0 -> ``Pad``; ``unfold`` -> ``Unfold``;
+* ``as_strided`` -> an opaque :func:`~ollie.graph.opaque.strided_window`: ``as_strided``
+  reads its input's memory, so its result depends on the input's layout when traced (a
+  Longformer's overlapping chunks of a transposed tensor); the window is taken over the
+  input's values in that layout's order instead, which no program can change. An input whose
+  traced layout is not a permutation of a dense one, or a window reaching outside its values,
+  raises :class:`~ollie.errors.UnsupportedError` (it reads memory the graph does not hold);
 * ``sum.dim_IntList`` -> ``ReduceSum``; ``mean.dim`` -> ``GlobalAveragePool`` over the
   spatial axes of a rank >= 3 tensor, else ``ReduceMean``.
 
@@ -16,20 +22,24 @@ stays opaque.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
+from ollie.errors import UnsupportedError
 from ollie.frontend.torch_ops import (
     Fallback,
     Result,
     is_float,
+    meta_val,
     norm_axis,
     out_shape,
     register,
     shape,
 )
+from ollie.graph.opaque import TensorRef, dtype_name, strided_window, torch_opaque_attrs
 from ollie.lower.window_ops import slice_bounds
 
 if TYPE_CHECKING:
@@ -202,6 +212,48 @@ def _unfold(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     attrs = {"axis": norm_axis(int(a["dimension"]), rank), "size": int(a["size"]),
              "step": int(a["step"])}
     return imp.b.emit1("Unfold", [imp.tensor(a["self"])], attrs, node.name)
+
+
+def dense_order(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The permutation ``perm`` of the axes for which a tensor of these sizes and strides is
+    ``x.permute(perm)`` of a row-major one (axes of size 1 first), or None when its layout is
+    not one (overlapping, or with gaps)."""
+    perm = tuple(sorted(range(len(sizes)),
+                        key=lambda d: (sizes[d] != 1, -strides[d] if sizes[d] != 1 else 0, d)))
+    want = 1
+    for d in reversed(perm):
+        if sizes[d] != 1:
+            if strides[d] != want:
+                return None
+            want *= sizes[d]
+    return perm
+
+
+@register("as_strided.default")
+def _as_strided(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    val = meta_val(a["self"])
+    try:
+        sizes = tuple(int(d) for d in val.shape)
+        strides = tuple(int(d) for d in val.stride())
+        base = int(val.storage_offset())
+        size = [int(d) for d in a["size"]]
+        stride = [int(d) for d in a["stride"]]
+        start = base if a.get("storage_offset") is None else int(a["storage_offset"])
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise UnsupportedError(f"fx node '{node.name}' (as_strided): the layout of its input "
+                               "is not known, and its result depends on it") from None
+    perm = dense_order(sizes, strides)
+    offset = start - base
+    numel = math.prod(sizes)
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    if perm is None or (0 not in size and (offset < 0 or last >= numel or min(stride) < 0)):
+        raise UnsupportedError(
+            f"fx node '{node.name}' (as_strided): sizes {size}, strides {stride}, offset "
+            f"{start} over an input of sizes {list(sizes)}, strides {list(strides)}, offset "
+            f"{base} read memory outside the input's values")
+    attrs = torch_opaque_attrs(strided_window, (TensorRef(0), list(perm), size, stride, offset),
+                               {}, [out_shape(node)], [dtype_name(val.dtype)])
+    return imp.b.emit1("Opaque", [imp.tensor(a["self"])], attrs, node.name)
 
 
 def _reduce_axes(a: dict[str, Any], rank: int) -> list[int]:

@@ -148,6 +148,19 @@ def _substitute(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return obj
 
 
+def strided_window(x: torch.Tensor, perm: Sequence[int], size: Sequence[int],
+                   stride: Sequence[int], offset: int) -> torch.Tensor:
+    """``torch.as_strided`` over the values of ``x``, whatever its memory layout: element
+    ``i`` of the result is ``flat[offset + sum(i[k] * stride[k])]``, ``flat`` the values of
+    ``x.permute(perm)`` in row-major order. ``as_strided`` itself reads ``x``'s storage, so its
+    result depends on how ``x`` is laid out in memory, which a program does not keep (an
+    operator's output is a new contiguous tensor, or a view); the importer
+    (:mod:`ollie.frontend.torch_views`) fixes the traced layout in ``perm`` and ``offset``.
+    The result may be a view of ``x``."""
+    flat = x.permute(*perm).contiguous().view(-1)
+    return torch.as_strided(flat, tuple(size), tuple(stride), flat.storage_offset() + offset)
+
+
 def _run_torch(attrs: dict[str, Any], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     out = attrs["target"](*_substitute(attrs["args"], tensors),
                           **_substitute(attrs["kwargs"], tensors))

@@ -1,10 +1,13 @@
 """The optimised program's last steps in ``ollie.optimize``: the end-to-end check against the
-original model on random inputs, and the program-level choice of libraries and (after a
-rewrite) of the original operators, kept in the cost cache.
+original model on random inputs and on the example inputs, and the program-level choice of
+libraries and (after a rewrite) of the original operators, kept in the cost cache.
 
-The first of (post-processed program, program without post-processing, every operator as it
-is) that matches the model is kept; on the CPU, :func:`ollie.optimizer.libraries.
-choose_libraries` then times its library variants, and, when some subprogram was rewritten,
+The check runs every program it returns on the example inputs too (:func:`confirm`): random
+standard-normal inputs miss what only the values a user passes exercise (a float attention
+mask of zeros, where any non-zero value masks every position). The first of (post-processed
+program, program without post-processing, every operator as it is) that matches the model is
+kept; on the CPU, :func:`ollie.optimizer.libraries.choose_libraries` then times its library
+variants, and, when some subprogram was rewritten,
 those of the model's original operators (post-processed the same way): a rewrite that won
 alone can lose in the program (an isolated original operator runs with cold caches; in an
 ONNX Runtime region, ONNX Runtime fuses it with its neighbours).
@@ -15,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,15 +77,40 @@ def all_nodes(graph: Graph) -> Program:
 @dataclass
 class Reference:
     """Random inputs, the model's outputs on them in full float32, and the relative error a
-    program may have against them."""
+    program may have against them; ``examples`` / ``example_want``: the example inputs and
+    the model's outputs on them (empty when there are none)."""
 
     feeds: dict[str, torch.Tensor]
     want: dict[str, torch.Tensor]
     rtol: float
+    examples: dict[str, torch.Tensor] = field(default_factory=dict)
+    example_want: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str]) -> Reference:
-    """The end-to-end check's reference for ``graph`` (seeded by ``cfg.seed``)."""
+def example_feeds(graph: Graph, examples: Sequence[object] | torch.Tensor | None, device: str,
+                  notes: list[str]) -> dict[str, torch.Tensor]:
+    """``examples`` (one tensor per graph input, in order; a lone tensor is one input) as
+    float32 feeds on ``device``; empty, with a note, when they do not fit the graph's
+    inputs."""
+    if examples is None:
+        return {}
+    if isinstance(examples, torch.Tensor):
+        examples = (examples,)
+    tensors = [x for x in examples if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(examples) or len(tensors) != len(graph.inputs) or any(
+            tuple(x.shape) != tuple(s) or not x.is_floating_point()
+            for x, (_, s) in zip(tensors, graph.inputs, strict=True)):
+        notes.append("the example inputs do not fit the graph's inputs: the end-to-end check "
+                     "runs on random inputs only")
+        return {}
+    return {n: x.detach().to(device=device, dtype=torch.float32)
+            for (n, _), x in zip(graph.inputs, tensors, strict=True)}
+
+
+def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str],
+              examples: Sequence[object] | torch.Tensor | None = None) -> Reference:
+    """The end-to-end check's reference for ``graph`` (random inputs seeded by ``cfg.seed``,
+    and ``examples``, the example inputs, when given and fitting the graph's inputs)."""
     rng = np.random.default_rng(cfg.seed + 1)
     feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
              for n, s in graph.inputs}
@@ -95,7 +124,52 @@ def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str]) -> Reference:
         rtol = max(rtol, TF32_FACTOR * own)
         notes.append(f"TensorFloat-32 is on: the model itself is within {own:.2e} of float32; "
                      f"the check allows {rtol:.2e}")
+    ex = example_feeds(graph, examples, cfg.device, notes)
+    if ex:
+        with full_fp32():
+            ex_want = run_graph(graph, ex)
+        return Reference(feeds, want, rtol, ex, ex_want)
     return Reference(feeds, want, rtol)
+
+
+def example_error(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]
+                  ) -> tuple[float, str]:
+    """The largest relative error (:func:`~ollie.optimizer.libraries.rel_err`, over the
+    finite values) of ``got`` against ``want`` and the output it is on; infinite where a
+    non-finite value (a -inf mask, a NaN) differs."""
+    worst, where = 0.0, ""
+    for name, w in want.items():
+        g, w = torch.as_tensor(got[name]).double(), w.double()
+        fin = torch.isfinite(w)
+        same = torch.equal(torch.isnan(g), torch.isnan(w)) and \
+            torch.equal(g[~fin & ~torch.isnan(w)], w[~fin & ~torch.isnan(w)])
+        err = rel_err(g[fin], w[fin]) if same and bool(fin.any()) else \
+            (0.0 if same else math.inf)
+        if err > worst or not where:
+            worst, where = err, name
+    return worst, where
+
+
+def confirm(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
+            notes: list[str], warn: bool = True) -> float | None:
+    """``prog``'s relative error on the example inputs (:func:`example_error`; 0 when there
+    are none) when within ``ref.rtol``, else None, and a note (with ``warn`` a warning too)
+    naming the output and the error."""
+    if not ref.examples:
+        return 0.0
+    try:
+        got = CompiledProgram(prog, cfg.device).run(ref.examples)
+        err, out = example_error(got, ref.example_want)
+    except Exception as exc:  # a program that fails is not used, whatever the cause
+        err, out = math.inf, f"none: it failed to run ({type(exc).__name__}: {exc})"
+    if err <= ref.rtol:
+        return err
+    text = (f"{label} program disagrees with the model on the example inputs (output "
+            f"'{out}': relative error {err:.2e}, allowed {ref.rtol:.2e})")
+    notes.append(text)
+    if warn:
+        log.warning("%s; not used", text)
+    return None
 
 
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
@@ -103,13 +177,17 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             originals: Program | None = None, ref: Reference | None = None
             ) -> tuple[Program, LibraryDecision | None, str]:
     """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
-    random inputs (``ref``, made here if not given), with its libraries chosen on the CPU
-    (``originals``: the original operators as an alternative program, offered when some
-    subprogram was rewritten). Returns the program, the library decision
-    (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
-    libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
+    random inputs and on the example inputs (``ref``, made here if not given: random inputs
+    only), with its libraries chosen on the CPU (``originals``: the original operators as an
+    alternative program, offered when some subprogram was rewritten; a choice that fails on
+    the example inputs is dropped; a program that raises is not used). A fallback is logged
+    as a warning naming why. Returns
+    the program, the library decision (:func:`~ollie.optimizer.libraries.choose_libraries`;
+    :func:`~ollie.optimizer.libraries.alternative_of` it is :data:`ORIGINALS` when that
+    alternative was kept) and
     which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``."""
     ref = ref or reference(graph, cfg, notes)
+    first = len(notes)
     feeds, want, rtol = ref.feeds, ref.want, ref.rtol
     for label, candidate in (("optimised", prog), ("without post-processing", raw)):
         try:
@@ -117,16 +195,29 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             err = max(rel_err(got[o], want[o]) for o in graph.outputs)
             if err <= rtol and torch.device(cfg.device).type == "cuda":
                 candidate, err = _pinned(candidate, err, feeds, want, graph, cfg)
-        except OllieError as exc:
-            notes.append(f"{label} program failed to run: {exc}")
+        except Exception as exc:  # a program that fails is not used, whatever the cause
+            notes.append(f"{label} program failed to run: "
+                         f"{exc if isinstance(exc, OllieError) else repr(exc)}")
             continue
-        if err <= rtol:
-            notes.append(f"checked against the original model: max relative error {err:.2e}")
-            alternatives = {ORIGINALS: originals} if originals is not None else {}
-            return (*libraries(candidate, feeds, want, cfg, notes, cache, alternatives),
-                    label)
-        notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
+        if err > rtol:
+            notes.append(f"{label} program disagrees with the model (relative error "
+                         f"{err:.2e})")
+            continue
+        on_examples = confirm(candidate, ref, cfg, label, notes, warn=False)
+        if on_examples is None:
+            continue
+        notes.append(f"checked against the original model: max relative error {err:.2e}"
+                     + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
+        alternatives = {ORIGINALS: originals} if originals is not None else {}
+        chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
+        if chosen is not candidate and \
+                confirm(chosen, ref, cfg, "library choice's", notes) is None:
+            return candidate, None, label
+        return chosen, decision, label
     notes.append("falling back to the original operators")
+    log.warning("the optimised program disagrees with the model; falling back to the "
+                "original operators (%s)",
+                "; ".join(n for n in notes[first:] if "disagrees" in n or "failed" in n))
     return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None, "fallback"
 
 
@@ -188,5 +279,5 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     return prog, decision
 
 
-__all__ = ["ORIGINAL", "ORIGINALS", "Reference", "all_nodes", "checked", "libraries",
-           "node_kernel", "reference"]
+__all__ = ["ORIGINAL", "ORIGINALS", "Reference", "all_nodes", "checked", "confirm",
+           "example_error", "example_feeds", "libraries", "node_kernel", "reference"]

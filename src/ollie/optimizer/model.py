@@ -14,10 +14,11 @@
 5. Post-processing over the whole program: weights transformed at optimisation time, eOperator
    fusion across subprogram boundaries (an OffsetAdd with the following bias and ReLU),
    identity elimination.
-6. The optimised program is checked against the original model on random inputs before it is
-   returned; if it disagrees, Ollie falls back to the original operators and says so. On the
-   CPU its libraries, and after a rewrite the original operators, are then chosen for the
-   whole program by measurement (:mod:`ollie.optimizer.final`).
+6. The optimised program is checked against the original model on random inputs and on the
+   example inputs before it is returned; if it disagrees, Ollie falls back to the original
+   operators and says so. On the CPU its libraries, and after a rewrite the original
+   operators, are then chosen for the whole program by measurement
+   (:mod:`ollie.optimizer.final`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ollie.optimizer.final import (
     ORIGINAL,
     ORIGINALS,
     checked,
+    confirm,
     node_kernel,
     reference,
 )
@@ -418,8 +420,10 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     ``model``: a ``torch.nn.Module`` (in eval mode for inference), a path to an ``.onnx``
     file or an ``onnx.ModelProto``. ``example_inputs``: one tensor per model input (a lone
     tensor is one input); a module needs them, and for an ONNX model their shapes fix its
-    symbolic dimensions (``"batch"``), which cannot be optimised without them; only their
-    shapes matter.
+    symbolic dimensions (``"batch"``), which cannot be optimised without them. The program
+    is checked against the model on random inputs and on the example inputs (a float input
+    whose values matter, such as an attention mask of zeros, is exercised as the user passes
+    it); a program that disagrees on either is not used.
 
     Ollie optimises float32 models and its programs compute in float32: a module with a
     float16 / bfloat16 / float64 parameter or buffer, or a model whose inputs are not float32
@@ -462,7 +466,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     originals = postprocess(opt.assemble(frozenset())) if rewritten else None
     if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms: new code
         precompile_programs([p for p in (prog, originals) if p is not None])
-    ref = reference(graph, cfg, notes)
+    ref = reference(graph, cfg, notes, example_inputs)
     prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref)
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
@@ -483,6 +487,9 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         except Exception as exc:  # optional: the checked program stays
             notes.append(f"program context step skipped: {_cause(exc)}")
             log.warning("program context step skipped: %s", _cause(exc))
+            refined = None
+        if refined is not None and refined.on != start and \
+                confirm(refined.program, ref, cfg, "program context step's", notes) is None:
             refined = None
         if refined is not None and refined.on != start:
             prog = refined.program

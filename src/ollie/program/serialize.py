@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ollie.errors import OllieError
+from ollie.graph.opaque import strided_window
 from ollie.ir import format_expr, parse
 from ollie.program.kernel import KINDS, Kernel, View
 from ollie.program.params import KernelKind, NodeParams, ParamsError, make_params
@@ -54,9 +55,10 @@ OP_NAMESPACES = ("aten", "prims", "ollie")
 Ollie's (:mod:`ollie.zoo.ops`, registered before one is resolved)."""
 
 CALLABLES: dict[str, Callable[..., Any]] = {
-    f"operator.{f.__name__}": f
-    for f in (operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv,
-              operator.floordiv, operator.mod, operator.neg, operator.pow)
+    **{f"operator.{f.__name__}": f
+       for f in (operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv,
+                 operator.floordiv, operator.mod, operator.neg, operator.pow)},
+    "ollie.strided_window": strided_window,
 }
 """Plain Python functions an opaque torch operator may call, by name."""
 
