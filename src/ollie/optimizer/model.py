@@ -2,23 +2,18 @@
 
 1. Frontend: a ``torch.nn.Module`` (torch.export), an ``.onnx`` path or an ``onnx.ModelProto``
    becomes a graph; BatchNorm is folded into convolutions, identities removed.
-2. The graph splits at its non-linear and opaque operators: every compute operator (Conv,
-   ConvTranspose, MatMul, Gemm, G2BMM, GBMM) is a subprogram (sibling ones, Q/K/V, one when
-   merged is faster: :mod:`ollie.optimizer.region`); the element-wise and layout operators
-   around them become eOperators (fused with their neighbours later); operators without an
-   expression (max pooling, softmax, unknown ones) run as they are (``Node``).
+2. Subprograms: every compute operator (Conv, ConvTranspose, MatMul, Gemm, G2BMM, GBMM);
+   sibling ones (Q/K/V) merged (:mod:`~ollie.optimizer.region`) and window / pad / product
+   chains fused into their sum (:mod:`~ollie.optimizer.chains`) when faster. Element-wise
+   and layout operators become eOperators; those without an expression run as they are.
 3. Each subprogram's expression is derived (hybrid derivation); identical subprograms (same
    expression up to tensor names: repeated blocks) are searched and measured once.
-4. Measured selection against the original operator keeps the fastest verified program, so
-   no subprogram gets slower.
+4. Measured selection against the original operator keeps the fastest verified program.
 5. Post-processing over the whole program: weights transformed at optimisation time, eOperator
-   fusion across subprogram boundaries (an OffsetAdd with the following bias and ReLU),
-   identity elimination.
-6. The optimised program is checked against the original model on random inputs and on the
-   example inputs before it is returned; if it disagrees, Ollie falls back to the original
-   operators and says so. On the CPU its libraries, and after a rewrite the original
-   operators, are then chosen for the whole program by measurement
-   (:mod:`ollie.optimizer.final`).
+   fusion across subprogram boundaries, identity elimination.
+6. The program is checked against the model on random and on the example inputs; if it
+   disagrees, Ollie falls back to the original operators and says so. On the CPU its
+   libraries (and originals) are then chosen by measurement (:mod:`ollie.optimizer.final`).
 """
 
 from __future__ import annotations
@@ -420,10 +415,8 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     ``model``: a ``torch.nn.Module`` (in eval mode for inference), a path to an ``.onnx``
     file or an ``onnx.ModelProto``. ``example_inputs``: one tensor per model input (a lone
     tensor is one input); a module needs them, and for an ONNX model their shapes fix its
-    symbolic dimensions (``"batch"``), which cannot be optimised without them. The program
-    is checked against the model on random inputs and on the example inputs (a float input
-    whose values matter, such as an attention mask of zeros, is exercised as the user passes
-    it); a program that disagrees on either is not used.
+    symbolic dimensions (``"batch"``), which cannot be optimised without them. A program
+    that disagrees with the model on random inputs or on the example inputs is not used.
 
     Ollie optimises float32 models and its programs compute in float32: a module with a
     float16 / bfloat16 / float64 parameter or buffer, or a model whose inputs are not float32
