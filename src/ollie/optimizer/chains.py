@@ -102,9 +102,11 @@ class ChainOutcome:
 
 @dataclass
 class FusedChain:
-    """A chain as the model optimiser places it: its kernels on the model's tensor names
-    (empty when not kept), its report entry and a note."""
+    """A chain as the model optimiser places it: its decision key (switched off, the chain
+    runs its nodes as the original operators), outcome, kernels on the model's tensor names
+    (empty when not kept), report entry and note."""
 
+    key: str
     outcome: ChainOutcome
     kernels: list[Kernel]
     report: SubprogramReport
@@ -197,7 +199,7 @@ def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
             if out.unconfirmed else "not fused (its nodes are faster alone or nothing verified)")
     note = (f"chain {', '.join(n.name for n in chain.nodes)}: {kept} "
             f"({out.original_s * 1e3:.3g} ms alone -> {out.optimized_s * 1e3:.3g} ms)")
-    return FusedChain(out, kernels, report, note)
+    return FusedChain(key, out, kernels, report, note)
 
 
 def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
@@ -265,7 +267,7 @@ def splice(fused: FusedChain, chain: Chain, parts: Sequence[Part], kernels: list
     kernels[:] = [k for k in kernels if id(k) not in drop]
     report[start:] = [fused.report]
     return [p for p in parts if p.nodes[0].name not in members] + \
-        [Part(chain.nodes, None, fused.kernels)]
+        [Part(chain.nodes, fused.key, fused.kernels)]
 
 
 __all__ = ["CHAIN_VERSION", "ChainOutcome", "FusedChain", "chain_baseline", "flatten",

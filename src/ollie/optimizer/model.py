@@ -325,7 +325,7 @@ class _Optimizer:
         for key, names in nodes.items():
             alt = self.alternative_of.get(key)
             if alt is None:
-                done = self.merged.get(key) or self.memo[key]
+                done = self.merged.get(key) or self.chained.get(key) or self.memo[key]
                 saving = done.original_s - done.optimized_s
             else:
                 saving = self.memo[self.keys[key].base.text].original_s - alt.seconds
