@@ -12,6 +12,7 @@ import ollie
 from ollie.errors import ExprError
 from ollie.ir import verify
 from ollie.rules.inter_merge import concat_merge, relax_expression
+from ollie.testing.strategies import inputs_with_specials
 
 MATMUL = "A: [4, 6]\n{w}: [6, {n}]\nL<m=0:4, n=0:{n}> Sum<k=0:6> A[m, k] * {w}[k, n]"
 CONV = ("X: [1, 4, 6, 6]\n{w}: [{f}, 4, {k}, {k}]\n"
@@ -191,3 +192,19 @@ def test_relax_expression_needs_a_hole_factor():
     e = ollie.parse("X: [6]\nW: [1]\nL<h=0:4> Sum<r=0:1> X[h + r] + W[r]")
     with pytest.raises(ExprError, match="factor"):
         relax_expression(e, {"r": (0, 3)}, ("W",))
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=30, deadline=None)
+@given(st.sampled_from([(1, 1), (1, 3), (3, 1), (3, 3)]), st.sampled_from([1, 2]),
+       st.sampled_from([1, 2]), st.integers(1, 2), st.data())
+def test_one_relaxed_member_is_exact_with_nan_and_infinities(kernel, stride, dil, grow, data):
+    """A convolution relaxed on its own to a window ``grow`` taps larger on each side: its
+    padding is a structural zero, so NaN and infinities reach exactly the outputs they reach
+    in the original (exact for every input)."""
+    kh, kw = kernel
+    expr, holes = _conv(0, 2, kh, kw, stride, dil, False)
+    hull = {"r": (0, kh + 2 * grow), "s": (0, kw + 2 * grow)}
+    relaxed = relax_expression(expr, hull, holes, {"r": grow, "s": grow})
+    verify(relaxed)
+    inp = data.draw(inputs_with_specials(expr))
+    np.testing.assert_array_equal(ollie.interpret(relaxed, inp), ollie.interpret(expr, inp))
