@@ -165,7 +165,7 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     ``individual`` holds each member's kernels as decided alone (the baseline), ``constants``
     every constant tensor of the model by name (the members' lowering constants included),
     ``channels_last`` the tensors the program likely holds channels-last. None when the
-    members cannot be merged (they do not lower to one function of their constants)."""
+    members cannot be merged (neither stacked as twins nor concatenated)."""
     try:
         lows = [graph.lower_node(n) for n in nodes]
     except OllieError as exc:
