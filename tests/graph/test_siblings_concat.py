@@ -85,3 +85,21 @@ def test_twins_keep_their_group_and_a_node_is_in_one_group():
     graph, groups = _groups(Three(), torch.randn(1, 4, 6, 6), concat=True)
     assert len(groups) == 1 and len(groups[0]) == 2
     assert all(graph.shape(n.inputs[1])[2] == 1 for n in graph.nodes if n.name in groups[0])
+
+
+def test_relaxation_that_multiplies_the_work_does_not_group():
+    """GCN's 7x1 next to a 1x7 convolution: the 7x7 hull does 3.5x their work (more than
+    MAX_GROWTH); a 1x1 next to a 3x3 of as many channels does 1.8x and groups."""
+    class Pair(nn.Module):
+        def __init__(self, ka, kb) -> None:
+            super().__init__()
+            pa, pb = tuple(k // 2 for k in ka), tuple(k // 2 for k in kb)
+            self.a = nn.Conv2d(4, 6, ka, padding=pa)
+            self.b = nn.Conv2d(4, 6, kb, padding=pb)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    x = torch.randn(1, 4, 9, 9)
+    assert _groups(Pair((7, 1), (1, 7)), x, concat=True)[1] == []
+    assert len(_groups(Pair((1, 1), (3, 3)), x, concat=True)[1]) == 1

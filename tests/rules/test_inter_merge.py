@@ -45,6 +45,7 @@ def test_two_matmuls_with_different_n_concatenate():
     assert [ollie.format(s).splitlines()[-1] for s in cm.slices] == [
         "L<t0=0:4, t1=0:2> merged[t0, t1]", "L<t0=0:4, t1=0:3> merged[t0, t1 + 2]"]
     assert (cm.axis, cm.iterator, cm.offsets, cm.relaxed) == (1, "n", (0, 2), ())
+    assert cm.growth == 1.0
     _check(cm, exprs)
 
 
@@ -62,6 +63,7 @@ def test_squeezenet_expand_pair_concatenates_and_relaxes():
         "{ L<d0=2:5, d1=0:4, d2=0:3, d3=0:3> E3[d0 - 2, d1, d2, d3] }[d0, d1, d2, d3] "
         "}[f, c, r, s]")
     assert cm.note == "concat along f (offsets 0, 2), relaxed r, s"
+    assert cm.growth == pytest.approx(9 * 5 / (1 * 2 + 9 * 3))  # 3x3 over 5 channels
     _check(cm, exprs)
     # the order of the members does not matter: the hull starts where the 3x3 window does
     cm2 = concat_merge(exprs[::-1], [("E3",), ("E1",)])

@@ -32,6 +32,12 @@ MAX_GROUP = 8
 """Most members of one group (larger sets of siblings are cut into groups of this size, in
 graph order)."""
 
+MAX_GROWTH = 2.0
+"""Most work a concatenated group may do over its members' summed
+(:attr:`~ollie.rules.inter_merge.ConcatMerge.growth`): relaxing a 1x1 next to a 3x3
+convolution of as many channels does 1.8x, a 1x7 next to a 7x1 one 3.5x (note
+docs/design/025-concat-merge.md)."""
+
 
 def canonical_members(exprs: Sequence[Expr], act: str
                       ) -> tuple[list[Expr], list[tuple[str, ...]], dict[str, str]]:
@@ -48,15 +54,15 @@ def canonical_members(exprs: Sequence[Expr], act: str
     return out, holes, inverse
 
 
-def concatenable(exprs: Sequence[Expr], act: str) -> bool:
+def concatenable(exprs: Sequence[Expr], act: str, max_growth: float = MAX_GROWTH) -> bool:
     """Whether expressions reading ``act`` and otherwise only their own constants merge by
-    concatenation (with relaxation; :func:`~ollie.rules.inter_merge.concat_merge`)."""
+    concatenation (with relaxation; :func:`~ollie.rules.inter_merge.concat_merge`) into one
+    that does at most ``max_growth`` times their work."""
     canon, holes, _ = canonical_members(exprs, act)
     try:
-        concat_merge(canon, holes)
+        return concat_merge(canon, holes).growth <= max_growth
     except OllieError:
         return False
-    return True
 
 
 def sibling_groups(graph: Graph, max_group: int = MAX_GROUP, concat: bool = False
@@ -130,4 +136,4 @@ def _candidate(graph: Graph, node: Node) -> tuple[str, Expr, str] | None:
     return activations[0], low.expr, fingerprint(rename_expr(low.expr, names))
 
 
-__all__ = ["MAX_GROUP", "canonical_members", "concatenable", "sibling_groups"]
+__all__ = ["MAX_GROUP", "MAX_GROWTH", "canonical_members", "concatenable", "sibling_groups"]

@@ -46,6 +46,7 @@ Before / after (two Matmuls sharing ``A``, ``n`` = 2 and 3, concatenated along `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ from ollie.ir import (
     accesses,
     map_body,
     neg,
+    tensor_names,
     var,
 )
 
@@ -80,6 +82,9 @@ class ConcatMerge:
     iterator: str
     offsets: tuple[int, ...]
     relaxed: tuple[str, ...]
+    growth: float
+    """The merged expression's :func:`work` over the members' summed (1.0 without
+    relaxation; a 1x1 next to a 3x3 convolution of as many channels: 1.8)."""
 
     @property
     def note(self) -> str:
@@ -131,8 +136,11 @@ def concat_merge(exprs: Sequence[Expr], holes: Sequence[Sequence[str]],
         offsets = tuple(sum(sizes_at[:i]) for i in range(n))
         slices = [_slice(merged, axis, off, size) for off, size in zip(offsets, sizes_at,
                                                                         strict=True)]
+        every = frozenset().union(*hole_sets)
+        growth = work(merged.root, every) / sum(work(e.root, hs) for e, hs in
+                                               zip(exprs, hole_sets, strict=True))
         return ConcatMerge(merged, slices, axis, root.traversal[axis].name, offsets,
-                           tuple(sorted(uni.relaxed)))
+                           tuple(sorted(uni.relaxed)), growth)
     assert error is not None
     raise error
 
@@ -187,6 +195,16 @@ def relax_expression(expr: Expr, hull: Mapping[str, tuple[int, int]], holes: Seq
     summation = tuple(Iter(it.name, *hull.get(it.name, moved[it.name]))
                       for it in root.summation)
     return Expr(expr.decls, Scope(root.traversal, summation, body))
+
+
+def work(scope: Scope, constants: frozenset[str] | set[str]) -> int:
+    """Iteration points of ``scope`` and of the nested scopes it reads that read a tensor not
+    in ``constants`` (scopes over constants only are folded at optimisation time)."""
+    total = math.prod(it.size for it in scope.iters)
+    for acc in accesses(scope.body):
+        if isinstance(acc.source, Scope) and tensor_names(acc.source) - constants:
+            total += work(acc.source, constants)
+    return total
 
 
 def _factors(node: Node) -> list[Node]:
@@ -454,4 +472,4 @@ def _slice(merged: Expr, axis: int, offset: int, size: int) -> Expr:
     return Expr((("merged", tuple(shape)),), Scope(tuple(its), (), Access("merged", idx)))
 
 
-__all__ = ["ConcatMerge", "concat_merge", "relax_expression"]
+__all__ = ["ConcatMerge", "concat_merge", "relax_expression", "work"]
