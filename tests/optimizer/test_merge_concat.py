@@ -24,20 +24,22 @@ FAST = dict(max_depth=0, time_budget=2.0, use_cache=False, context=False,
 
 
 class _Expand(nn.Module):
-    """The expand half of a fire module (``ollie.testing.cnns._Fire`` without its squeeze)."""
+    """The expand half of a fire module (``ollie.testing.cnns._Fire`` without its squeeze);
+    ``k3`` 1 gives two twin 1x1 convolutions (with biases: stacking does not apply, they are
+    concatenated)."""
 
-    def __init__(self, i: int = 4, e: int = 6) -> None:
+    def __init__(self, i: int = 4, e: int = 6, k3: int = 3) -> None:
         super().__init__()
         self.e1 = nn.Conv2d(i, e, 1)
-        self.e3 = nn.Conv2d(i, e, 3, padding=1)
+        self.e3 = nn.Conv2d(i, e, k3, padding=k3 // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.relu(self.e1(x)), torch.relu(self.e3(x))], 1)
 
 
-def _fire() -> tuple[nn.Module, torch.Tensor]:
+def _fire(k3: int = 3) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    return _Expand().eval(), torch.randn(1, 4, 6, 6)
+    return _Expand(k3=k3).eval(), torch.randn(1, 4, 6, 6)
 
 
 def _merged_faster(monkeypatch, factor: float) -> None:
@@ -57,11 +59,12 @@ def _merged_faster(monkeypatch, factor: float) -> None:
     monkeypatch.setattr(region, "select_program", timed)
 
 
-def test_fire_expand_pair_merged_into_one_convolution(ollie_settings, monkeypatch):
+@pytest.mark.parametrize("k3", [3, 1])
+def test_fire_expand_pair_merged_into_one_convolution(ollie_settings, monkeypatch, k3):
     ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock,
                    sleep=lambda s: None)
     _merged_faster(monkeypatch, 0.5)
-    m, x = _fire()
+    m, x = _fire(k3)
     opt = ollie.optimize(m, x, **FAST)
     merged = [r for r in opt.report if len(r.nodes) > 1]
     assert len(merged) == 1, opt.summary()
