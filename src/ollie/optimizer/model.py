@@ -122,7 +122,7 @@ class _Optimizer:
         kernels: list[Kernel] = []
         total = sum(n.op in COMPUTE_OPS for n in self.graph.nodes)
         done = 0
-        groups = {g[0].name: g for g in sibling_groups(self.graph)
+        groups = {g[0].name: g for g in sibling_groups(self.graph, concat=True)
                   if self.config.merge_siblings and self.config.derivation}
         decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
         placed: set[str] = set()  # members a merged group computes

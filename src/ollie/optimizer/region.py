@@ -2,14 +2,18 @@
 
 A sibling group (:func:`ollie.graph.siblings.sibling_groups`: compute operators reading one
 activation and otherwise only constants, computing the same function of their constants, e.g.
-an attention layer's Q/K/V projections) becomes one subprogram when that is faster:
+an attention layer's Q/K/V projections, or concatenable ones, e.g. SqueezeNet's 1x1 / 3x3
+expand pair) becomes one subprogram when that is faster:
 
 1. each member is lowered, its tensors renamed canonically (the activation ``x0``, member
-   ``i``'s constants ``w<i>_<j>``), and the members are merged into one expression ``M``
-   (:func:`ollie.rules.inter.merge_expressions`, with the new iterator ``g`` leading and
-   "inner": one Matmul with ``n`` the members' ``n`` summed), whose slices ``y<i>`` give back
-   each member's output as eOperators (post-processing fuses them into their consumers, and
-   folds the stacking of the constants at optimisation time);
+   ``i``'s constants ``w<i>_<j>``), and the members are merged into one expression ``M``:
+   twins by stacking (:func:`ollie.rules.inter.merge_expressions`, with the new iterator ``g``
+   leading and "inner": one Matmul with ``n`` the members' ``n`` summed), others by
+   concatenation along their differing output iterator with their summation ranges relaxed to
+   the hull (:func:`ollie.rules.inter_merge.concat_merge`: one convolution over the
+   concatenated, zero-padded weights; exact for finite activations only, see there). The
+   slices ``y<i>`` give back each member's output as eOperators (post-processing fuses them
+   into their consumers, and folds the stacking of the constants at optimisation time);
 2. each form of ``M`` is derived (:func:`ollie.search.derive`, the time budget shared among
    the forms), and each candidate, with the slices, is a program with one output per member;
 3. every program is checked against the reference interpreter on every output and timed
@@ -31,10 +35,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from ollie.errors import OllieError
+from ollie.errors import ExprError, OllieError
 from ollie.exec.executor import CompiledProgram
 from ollie.fingerprint import fingerprint
 from ollie.graph import Graph, Node
+from ollie.graph.siblings import canonical_members
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.match.eop import make_eop
 from ollie.optimizer.memory import memory_guard
@@ -46,6 +51,7 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError, kernel_from_json, kernel_to_json
 from ollie.rules.inter import merge_expressions
+from ollie.rules.inter_merge import concat_merge
 from ollie.search import SearchConfig, derive
 from ollie.search.candidate import Candidate, Step, program_key
 from ollie.search.config import machine_roofline
@@ -159,7 +165,7 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     ``individual`` holds each member's kernels as decided alone (the baseline), ``constants``
     every constant tensor of the model by name (the members' lowering constants included),
     ``channels_last`` the tensors the program likely holds channels-last. None when the
-    members cannot be merged (they do not lower to one function of their constants)."""
+    members cannot be merged (neither stacked as twins nor concatenated)."""
     try:
         lows = [graph.lower_node(n) for n in nodes]
     except OllieError as exc:
@@ -169,13 +175,7 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     if len(acts) != 1:
         return None
     act = acts.pop()
-    exprs, holes, inverse = [], [], {"x0": act}
-    for i, low in enumerate(lows):
-        own = [n for n, _ in low.expr.decls if n != act]
-        names = {act: "x0", **{c: f"w{i}_{j}" for j, c in enumerate(own)}}
-        inverse.update({v: k for k, v in names.items()})
-        exprs.append(rename_expr(low.expr, names))
-        holes.append(tuple(names[c] for c in own))
+    exprs, holes, inverse = canonical_members([low.expr for low in lows], act)
     try:
         forms = _forms(exprs, holes)
     except OllieError as exc:
@@ -224,23 +224,29 @@ def _cached(doc: str | None, graph: Graph, act: str, weights: Mapping[str, np.nd
 
 
 def _forms(exprs: list[Expr], holes: list[tuple[str, ...]]
-           ) -> list[tuple[Expr, list[Expr], int | str]]:
-    """The merged expression and its slices for each distinct placement of ``g``."""
-    out: list[tuple[Expr, list[Expr], int | str]] = []
+           ) -> list[tuple[Expr, list[Expr], str]]:
+    """The merged expression, its slices and a description, for each distinct placement of
+    ``g`` when the members are twins (stacking); otherwise the one concatenation (with
+    relaxation, :func:`~ollie.rules.inter_merge.concat_merge`)."""
+    out: list[tuple[Expr, list[Expr], str]] = []
     seen: set[str] = set()
-    for g_at in G_PLACEMENTS:
-        merged, slices = merge_expressions(exprs, holes, g_at)
-        fp = fingerprint(merged)
-        if fp not in seen:
-            seen.add(fp)
-            out.append((merged, slices, g_at))
+    try:
+        for g_at in G_PLACEMENTS:
+            merged, slices = merge_expressions(exprs, holes, g_at)
+            fp = fingerprint(merged)
+            if fp not in seen:
+                seen.add(fp)
+                out.append((merged, slices, f"g at {g_at}"))
+    except ExprError:
+        cat = concat_merge(exprs, holes)
+        return [(cat.merged, cat.slices, cat.note)]
     return out
 
 
 def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kernel]],
             constants: Mapping[str, np.ndarray], config: MergeSettings,
             cache: CostCache | None, rng: np.random.Generator, cl: frozenset[str], act: str,
-            exprs: list[Expr], forms: list[tuple[Expr, list[Expr], int | str]],
+            exprs: list[Expr], forms: list[tuple[Expr, list[Expr], str]],
             weights: dict[str, np.ndarray]) -> MergeOutcome:
     """Search, verify and measure the merged forms against the members' own decisions."""
     ys = tuple(f"y{i}" for i in range(len(nodes)))
@@ -249,14 +255,14 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
     programs: list[tuple[Candidate, Program]] = []
     ncand = 0
     with memory_guard():
-        for merged, slices, g_at in forms:
+        for merged, slices, how in forms:
             res = derive(merged, max_depth=config.max_depth,
                          time_budget=config.time_budget / len(forms),
                          config=SearchConfig(max_candidates=config.max_candidates,
                                              seed=config.seed,
                                              roofline=machine_roofline(config.device, cache)))
             ncand += res.stats["candidates"]
-            step = Step("expression_merging", f"{len(nodes)} siblings, g at {g_at}",
+            step = Step("expression_merging", f"{len(nodes)} siblings, {how}",
                         format_expr(merged))
             for cand in res.candidates[:config.max_candidates]:
                 built = _with_slices(cand, merged, slices, ys, step, weights)
