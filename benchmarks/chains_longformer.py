@@ -16,6 +16,7 @@ import time
 import torch
 
 import ollie
+import ollie.zoo
 from ollie.tune.measure import measure_alternating
 
 
