@@ -46,7 +46,7 @@ from ollie.codegen.nests import nest_path, nest_stem, split_module
 
 log = logging.getLogger(__name__)
 
-CODEGEN_VERSION = 25
+CODEGEN_VERSION = 26
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 
