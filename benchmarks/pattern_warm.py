@@ -44,6 +44,10 @@ KERNELS = {
     "transpose": "A: [512, 256]\nL<i=0:256, j=0:512> A[j, i]",
     "channel-sum-64": "A: [1, 64, 16, 16]\nW: [32, 64]\nL<n=0:1, f=0:32, h=0:16, w=0:16> "
                       "Sum<c=0:64> A[n, c, h, w] * W[f, c]",
+    "channel-sum-16": "A: [1, 16, 16, 16]\nW: [32, 16]\nL<n=0:1, f=0:32, h=0:16, w=0:16> "
+                      "Sum<c=0:16> A[n, c, h, w] * W[f, c]",
+    "channel-sum-256-nhwc": "A: [1, 8, 8, 256]\nW: [64, 256]\nL<n=0:1, f=0:64, h=0:8, w=0:8> "
+                            "Sum<c=0:256> A[n, h, w, c] * W[f, c]",
 }
 """Kernels of the shapes a small CNN's programs hold."""
 

@@ -15,7 +15,9 @@ second process importing the same module loads compiled code instead of compilin
 The numba functions of a generated CPU kernel module are compiled from nest modules of their
 own, ``nests/nest_<digest>.py``, named by a SHA-256 of their text and shared by every kernel
 that holds the same function (:mod:`ollie.codegen.nests`); a nest module is imported only when
-the file holds exactly the text taken from the checked kernel module.
+the file holds exactly the text taken from the checked kernel module. That text has the sizes
+of its outer loops as arguments (:mod:`ollie.codegen.pattern`), so the key of a compiled
+function is its pattern: kernels equal up to those sizes share it.
 
 Nothing in the directory is imported on its name alone: :func:`load_module` imports a module
 only when its text is one the code generator produces for that key (the caller says which,

@@ -7,7 +7,9 @@ every read dimension by range analysis (which reads need bounds checks where, th
 interval of the innermost traversal loop, clamped summation loops, how the leading loops are
 fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the Python source
 (``@njit(parallel=True, fastmath=False, cache=True)`` functions with explicit signatures, so
-they are compiled, or loaded from numba's cache, when the module is imported);
+they are compiled, or loaded from numba's cache, when the module is imported), and
+:func:`~ollie.codegen.pattern.parametrise_module` makes the sizes of their outer loops
+arguments (one compiled function per expression pattern);
 :mod:`~ollie.codegen.cache` stores it on disk under a digest of the expression's text and
 imports it once its text is checked to be one this module generates for the expression. Its
 functions are compiled once per text for every kernel that holds them

@@ -11,6 +11,9 @@ shape (see :mod:`ollie.codegen.analysis` for the classification)::
             for i3 in range(_lo, _hi): INTERIOR POINT   (no bounds checks)
             for i3 in range(_hi, _xb): BOUNDARY POINT
 
+A serial nest may instead loop over its fused iterators in nested loops (``for _p0 in
+range(N0): for _p1 in range(N1): i0 = _p0 + lo0 ...``, ``nested``), the form whose sizes
+:mod:`ollie.codegen.pattern` passes as arguments.
 When the output's contiguous iterator reads strided and x writes strided (a transpose), it is
 looped inside tiles of :data:`~ollie.codegen.analysis.X_TILE` x values (``for _xt``, then it,
 then x over the tile). The residue nests of one nest (:mod:`ollie.codegen.residue`) share one

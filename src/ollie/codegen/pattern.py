@@ -23,15 +23,15 @@ loops over ``_p0, _p1, ...`` of a serial nest, :meth:`ollie.codegen.emit.NestEmi
   and offsets). A floor division or modulo of a fused index (or of a quotient of it) by a
   divisor ``d`` becomes an exact multiplication by a magic number and a shift (``p // d ==
   (p * m) >> s``, :func:`magic`), the index being below the loop's count, at most
-  :data:`MAX_ITEMS`; a division by a number read from memory costs some 40 cycles;
+  :data:`MAX_ITEMS` (a hardware division by a number read from memory is slow);
 - the coefficients of those iterators anywhere in the function (their strides).
 
 Everything else stays literal: the extents and interior intervals of the innermost traversal
 loops, the windows of summations, the bounds of checked reads, inner divisors and strides.
 LLVM's code for them depends on the values (short loops of known trip count unrolled and
-vectorised whole, bounds checks folded against known offsets, divisions by constants); taking
-them out made generated kernels up to 1.6x slower. Kernels that differ in them have different
-texts and do not share. Measurements: docs/design/025-pattern-kernels.md.
+vectorised whole, bounds checks folded against known offsets, divisions by constants), and taking
+them out slows the kernels down. Kernels that differ in them have different texts and do not
+share. Measurements: docs/design/025-pattern-kernels.md.
 """
 
 from __future__ import annotations
