@@ -1,7 +1,8 @@
 """Cold ``ollie.optimize`` of a small CNN (``ollie.testing.cnns``, w=16, 32x32, batch 1) from
 an empty cache directory, for two source trees alternating (each run a fresh process with a
 fresh private cache directory): wall time, CPU time of the process and of its compile
-workers, and the number of functions numba compiled into the cache (``.nbc`` files).
+workers, the number of functions numba compiled into the cache (``.nbc`` files), and the
+numba compilations (or cache loads) in the process with the seconds they took.
 
 Usage: ``python benchmarks/cold_optimize.py SRC_A SRC_B [MODEL] [TIME_BUDGET] [PAIRS]``
 (``SRC_*``: a ``src`` folder put first on ``PYTHONPATH``; default squeezenet, 2 s, 2 pairs).
@@ -61,14 +62,15 @@ def main(argv: list[str]) -> None:
     model = argv[2] if len(argv) > 2 else "squeezenet"
     budget = float(argv[3]) if len(argv) > 3 else 2.0
     pairs = int(argv[4]) if len(argv) > 4 else 2
-    print("| pair | tree | wall s | CPU process s | CPU workers s | numba functions | correct |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| pair | tree | wall s | CPU process s | CPU workers s | numba functions | "
+          "compiles in process (s) | correct |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i in range(pairs):
         for src in (a, b):
             r = run(src, model, budget)
             print(f"| {i + 1} | {src} | {r['wall_s']} | {r['cpu_self_s']} | "
-                  f"{r['cpu_workers_s']} | {r['nbc_files']} | {r['matches_torch']} |",
-                  flush=True)
+                  f"{r['cpu_workers_s']} | {r['nbc_files']} | {r['numba_compiles_main']} "
+                  f"({r['numba_compile_main_s']}) | {r['matches_torch']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def test_tanh_of_residue_nests_is_a_pass_of_its_own(fn, separate):
     body = "Sum<y=0:4, x=0:4> T[n, y, x, c, h - 2*y + 1, w - 2*x + 1]"
     it = "L<n=0:2, c=0:3, h=0:8, w=0:8>"
     expr = ollie.parse(f"T: [2, 4, 4, 3, 4, 4]\n{it} {fn}({{ {it} {body} }}[n, c, h, w])")
-    src = generate_source(expr)
+    src = generate_source(expr, literal_sizes=True)
     assert "more residue nest" in src
     assert ("def post_0(out)" in src) == separate and ("post_0(out)\n" in src) == separate
     check(expr)
@@ -353,7 +353,7 @@ def test_large_outputs_use_prange_and_blocks():
         T: [4, 64, 12, 12, 3, 3]
         L<n=0:4, f=0:64, h=0:12, w=0:12> Sum<r=0:3, s=0:3> T[n, f, h + r - 1, w + s - 1, r, s]
     """
-    assert "prange(256)" in generate_source(ollie.parse(text))  # n and f fused
+    assert "prange(256)" in generate_source(ollie.parse(text), literal_sizes=True)  # n, f fused
     check(text)
 
 
@@ -494,7 +494,7 @@ def test_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path):
 ])
 def test_residue_split_selective_adds(text):
     expr = ollie.parse(text)
-    src = generate_source(expr)
+    src = generate_source(expr, literal_sizes=True)
     assert "more residue nest" in src or "nest_1(" in src, src  # one function or several
     check(expr)
 

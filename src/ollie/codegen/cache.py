@@ -15,7 +15,9 @@ second process importing the same module loads compiled code instead of compilin
 The numba functions of a generated CPU kernel module are compiled from nest modules of their
 own, ``nests/nest_<digest>.py``, named by a SHA-256 of their text and shared by every kernel
 that holds the same function (:mod:`ollie.codegen.nests`); a nest module is imported only when
-the file holds exactly the text taken from the checked kernel module.
+the file holds exactly the text taken from the checked kernel module. That text has the sizes
+of its outer loops as arguments (:mod:`ollie.codegen.pattern`), so the key of a compiled
+function is its pattern: kernels equal up to those sizes share it.
 
 Nothing in the directory is imported on its name alone: :func:`load_module` imports a module
 only when its text is one the code generator produces for that key (the caller says which,
@@ -46,7 +48,7 @@ from ollie.codegen.nests import nest_path, nest_stem, split_module
 
 log = logging.getLogger(__name__)
 
-CODEGEN_VERSION = 25
+CODEGEN_VERSION = 26
 """Bumped whenever the generated code changes meaning or form (part of every file key)."""
 
 

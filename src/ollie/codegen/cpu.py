@@ -7,7 +7,9 @@ every read dimension by range analysis (which reads need bounds checks where, th
 interval of the innermost traversal loop, clamped summation loops, how the leading loops are
 fused into one ``prange``); :func:`~ollie.codegen.emit.emit_module` writes the Python source
 (``@njit(parallel=True, fastmath=False, cache=True)`` functions with explicit signatures, so
-they are compiled, or loaded from numba's cache, when the module is imported);
+they are compiled, or loaded from numba's cache, when the module is imported), and
+:func:`~ollie.codegen.pattern.parametrise_module` makes the sizes of their outer loops
+arguments (one compiled function per expression pattern);
 :mod:`~ollie.codegen.cache` stores it on disk under a digest of the expression's text and
 imports it once its text is checked to be one this module generates for the expression. Its
 functions are compiled once per text for every kernel that holds them
@@ -64,6 +66,7 @@ from ollie.codegen.cache import (
 )
 from ollie.codegen.emit import emit_module
 from ollie.codegen.kernel import CompiledKernel
+from ollie.codegen.pattern import parametrise_module
 from ollie.codegen.plan import Plan, make_plan, residue_groups
 from ollie.codegen.residue import split_residues
 from ollie.codegen.scatter import emit_scatter_module, flattened, scatter_form
@@ -139,21 +142,26 @@ def configure_numba() -> None:
         numba.config.THREADING_LAYER_PRIORITY = list(THREADING_LAYER_PRIORITY)
 
 
-def generate_source(expr: Expr, canonical: str | None = None, form: str = "gather") -> str:
+def generate_source(expr: Expr, canonical: str | None = None, form: str = "gather", *,
+                    literal_sizes: bool = False) -> str:
     """The generated module text for ``expr`` (no caching, no import). ``form``: ``"gather"``
     (loop nests over the output, any expression) or ``"scatter"`` (over the input, see
-    :mod:`ollie.codegen.scatter`; ValueError when ``expr`` has no scatter form)."""
+    :mod:`ollie.codegen.scatter`; ValueError when ``expr`` has no scatter form). Sizes are
+    arguments of the functions (:mod:`ollie.codegen.pattern`, serial nests in nested loops)
+    unless ``literal_sizes`` (the form compiled per shape, one fused loop per nest, for
+    comparisons)."""
     header = _header(expr, canonical)
     if form == "scatter":
         sf = scatter_form(expr, FLOAT64_TERMS)
         if sf is None or not sf.parallel_levels():
             raise ValueError(f"no parallel scatter form for {format_expr(expr)}")
-        return emit_scatter_module(sf, header)
-    if form != "gather":
+        text = emit_scatter_module(sf, header)
+    elif form == "gather":
+        plan = split_residues(make_plan(expr))
+        text = emit_module(plan, analyse_plan(plan), header, nested=not literal_sizes)
+    else:
         raise ValueError(f"unknown kernel form {form!r} (gather or scatter)")
-    plan = split_residues(make_plan(expr))
-    infos = analyse_plan(plan)
-    return emit_module(plan, infos, header)
+    return text if literal_sizes else parametrise_module(text)
 
 
 def _header(expr: Expr, canonical: str | None) -> dict[str, str]:
@@ -171,7 +179,8 @@ def source_forms(expr: Expr, canonical: str | None = None) -> dict[str, str]:
         sf = scatter_form(flat, FLOAT64_TERMS) if flat is not None else None
     if sf is None or not sf.parallel_levels():
         return {"gather": gather}
-    return {"gather": gather, "scatter": emit_scatter_module(sf, _header(expr, canonical))}
+    scatter = parametrise_module(emit_scatter_module(sf, _header(expr, canonical)))
+    return {"gather": gather, "scatter": scatter}
 
 
 def choose_source(expr: Expr, canonical: str | None = None, path: Path | None = None) -> str:

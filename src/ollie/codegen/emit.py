@@ -11,6 +11,9 @@ shape (see :mod:`ollie.codegen.analysis` for the classification)::
             for i3 in range(_lo, _hi): INTERIOR POINT   (no bounds checks)
             for i3 in range(_hi, _xb): BOUNDARY POINT
 
+A serial nest may instead loop over its fused iterators in nested loops (``for _p0 in
+range(N0): for _p1 in range(N1): i0 = _p0 + lo0 ...``, ``nested``), the form whose sizes
+:mod:`ollie.codegen.pattern` passes as arguments.
 When the output's contiguous iterator reads strided and x writes strided (a transpose), it is
 looped inside tiles of :data:`~ollie.codegen.analysis.X_TILE` x values (``for _xt``, then it,
 then x over the tile). The residue nests of one nest (:mod:`ollie.codegen.residue`) share one
@@ -106,8 +109,13 @@ class NestEmitter:
         return render(e, self.names)
 
     # ------------------------------------------------------------------ the function
-    def function(self, name: str, group: tuple[NestEmitter, ...] = ()) -> str:
-        """The nest function; ``group``: emitters of further nests sharing its fused loops."""
+    def function(self, name: str, group: tuple[NestEmitter, ...] = (),
+                 nested: bool = False) -> str:
+        """The nest function; ``group``: emitters of further nests sharing its fused loops.
+        ``nested``: a serial nest loops over its fused iterators (and x blocks) in nested
+        loops over ``_p0, _p1, ...`` instead of one loop over ``_p`` whose index is
+        decomposed (the form :mod:`ollie.codegen.pattern` takes the sizes out of: no division
+        per item)."""
         info = self.info
         infos = [info, *(em.info for em in group)]
         params = sorted({r.buffer.ident for i in infos for r in i.reads.values()})
@@ -124,6 +132,12 @@ class NestEmitter:
         items = info.xblocks
         for it in fused:
             items *= it.size
+        if nested and not info.parallel:
+            self.nested_loops(fused)
+            for em in (self, *group):
+                em.lines = self.lines
+                em.inner_loops(len(fused) + (info.xblocks > 1) + 1)
+            return "\n".join(self.lines)
         loop = "prange" if info.parallel else "range"
         self.emit(1, f"for _p in {loop}({items}):")
         # mixed-radix decomposition of _p (fresh names: numba forbids rebinding the index)
@@ -143,6 +157,17 @@ class NestEmitter:
             em.lines = self.lines
             em.inner_loops(2)
         return "\n".join(self.lines)
+
+    def nested_loops(self, fused: list) -> None:
+        """Serial loops over the fused iterators, then the x blocks, each over ``_pK``."""
+        loops = [it.size for it in fused] + ([self.info.xblocks] if self.info.xblocks > 1 else [])
+        for k, size in enumerate(loops):
+            self.emit(1 + k, f"for _p{k} in range({size}):")
+        depth = 1 + len(loops)
+        for k, it in enumerate(fused):
+            self.emit(depth, f"{self.names[it.name]} = _p{k} + {it.lo}")
+        if self.info.xblocks > 1:
+            self.emit(depth, f"_blk = _p{len(fused)}")
 
     def inner_loops(self, depth: int) -> None:
         """The outer traversal loops that are not fused, then the x loops."""
@@ -365,8 +390,10 @@ def _post_function(name: str, info: NestInfo, consts: Consts) -> str:
     return "\n".join(em.lines)
 
 
-def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str]) -> str:
-    """Source of the kernel module: constants, nest functions and the ``run`` driver."""
+def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str],
+                nested: bool = False) -> str:
+    """Source of the kernel module: constants, nest functions and the ``run`` driver
+    (``nested``: serial nests in nested loops, :meth:`NestEmitter.function`)."""
     consts = Consts()
     consts.get(0.0, "float32")
     funcs: list[str] = []
@@ -375,7 +402,8 @@ def emit_module(plan: Plan, infos: list[NestInfo], header: dict[str, str]) -> st
     infos, passes = _separate_posts(infos)
     for k, j in residue_groups(plan.nests):
         group = tuple(NestEmitter(info, consts) for info in infos[k + 1:j])
-        funcs.append(NestEmitter(infos[k], consts).function(f"nest_{len(funcs)}", group))
+        funcs.append(NestEmitter(infos[k], consts).function(f"nest_{len(funcs)}", group,
+                                                             nested))
         calls.append((len(funcs) - 1, plan.nests[k], infos[k:j]))
         last = next((i for i in range(k, j) if i in passes), None)
         if last is not None:
