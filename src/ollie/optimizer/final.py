@@ -32,6 +32,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     LibraryDecision,
     choose_libraries,
+    is_library_conv,
     rel_err,
 )
 from ollie.program.kernel import Kernel
@@ -100,15 +101,17 @@ def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str]) -> Reference:
 
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             notes: list[str], cache: CostCache | None = None,
-            originals: Program | None = None, ref: Reference | None = None
-            ) -> tuple[Program, LibraryDecision | None, str]:
+            originals: Program | None = None, ref: Reference | None = None,
+            timed: bool = True) -> tuple[Program, LibraryDecision | None, str]:
     """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
     random inputs (``ref``, made here if not given), with its libraries chosen on the CPU
     (``originals``: the original operators as an alternative program, offered when some
     subprogram was rewritten). Returns the program, the library decision
     (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
     libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
-    which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``."""
+    which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``.
+    ``timed`` off (the total time budget is spent): libraries only as a cached decision says
+    (:func:`libraries`)."""
     ref = ref or reference(graph, cfg, notes)
     feeds, want, rtol = ref.feeds, ref.want, ref.rtol
     for label, candidate in (("optimised", prog), ("without post-processing", raw)):
@@ -123,11 +126,12 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         if err <= rtol:
             notes.append(f"checked against the original model: max relative error {err:.2e}")
             alternatives = {ORIGINALS: originals} if originals is not None else {}
-            return (*libraries(candidate, feeds, want, cfg, notes, cache, alternatives),
-                    label)
+            return (*libraries(candidate, feeds, want, cfg, notes, cache, alternatives,
+                               timed), label)
         notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
     notes.append("falling back to the original operators")
-    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None, "fallback"
+    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache, timed=timed)[0], None, \
+        "fallback"
 
 
 def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
@@ -163,11 +167,12 @@ def program_digest(prog: Program) -> str:
 
 def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
-              cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
-              ) -> tuple[Program, LibraryDecision | None]:
+              cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
+              timed: bool = True) -> tuple[Program, LibraryDecision | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
-    and the decision (None: ``prog`` as it is, nothing chosen)."""
+    and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
+    decision found in ``cache`` is applied; without one nothing is timed (a note says so)."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -179,6 +184,12 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     key = f"libraries2-called|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = LibraryDecision.from_json(cache.get_decision(key)) if cache is not None else None
+    if decided is None and not timed:
+        if alternatives or sum(is_library_conv(k) for k in prog.kernels) >= 2:
+            notes.append("convolution libraries and the original operators not compared in "
+                         "the whole program: the total time budget was spent and no choice "
+                         "was cached")
+        return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
     if note:

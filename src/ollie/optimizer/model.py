@@ -40,6 +40,7 @@ from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
+from ollie.optimizer.budget import TIME_BUDGET, Budget, decision_key
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -51,6 +52,7 @@ from ollie.optimizer.final import (
 )
 from ollie.optimizer.importing import to_graph
 from ollie.optimizer.keys import SubprogramKey
+from ollie.optimizer.layout import likely_channels_last
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Outcome, cached_outcome
@@ -64,7 +66,7 @@ from ollie.optimizer.report import (
     load,
     switched_on,
 )
-from ollie.optimizer.select import layout_key, select
+from ollie.optimizer.select import select
 from ollie.passes.postprocess import describe as describe_postprocess
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
@@ -74,16 +76,10 @@ from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
 from ollie.search.config import machine_roofline
 from ollie.search.instantiate import Instantiator
-from ollie.settings import using
-from ollie.tune.cache import CostCache, device_key
+from ollie.settings import current, using
+from ollie.tune.cache import CostCache
 
 log = logging.getLogger(__name__)
-CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
-"""Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN), when kept
-or run as a library ``Conv`` kernel."""
-PASS_LAYOUT_OPS = ("Relu", "Tanh", "Sigmoid", "Add", "MaxPool2d")
-"""Operators whose output keeps the memory format of a channels-last input: fused into the
-convolution before them (activations, residual additions) or run by torch (max pooling)."""
 
 
 # --------------------------------------------------------------------- the optimizer
@@ -117,6 +113,7 @@ class _Optimizer:
         """Each key above (:attr:`SubprogramKey.text`) as the value it names."""
         self.torch_originals: set[str] = set()
         """Nodes whose original operator runs PyTorch's implementation when kept."""
+        self.budget = Budget(config.total_budget, config.time_budget, current().search_clock)
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -126,6 +123,9 @@ class _Optimizer:
                   if self.config.merge_siblings and self.config.derivation}
         decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
         placed: set[str] = set()  # members a merged group computes
+        if self.config.derivation:
+            self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
+                             self.config, self.constants, self.cache)
         for node in self.graph.nodes:
             if node.name in placed:
                 done += 1
@@ -134,7 +134,7 @@ class _Optimizer:
                 if self.progress:
                     self.progress(node.name, done, total)
                 done += 1
-                group = groups.get(node.name)
+                group = None if self.budget.spent() else groups.get(node.name)
                 merged = None if group is None else self.sibling_group(group, decided)
                 if group is not None and merged is not None:
                     kernels += merged
@@ -177,21 +177,10 @@ class _Optimizer:
         return merged.kernels
 
     def track_layout(self, node: Node, chosen: list[Kernel]) -> None:
-        """Record whether ``node``'s output will likely be channels-last when the program runs
-        on the CPU, given the kernels chosen for it: a convolution kept as it is or run as a
-        library ``Conv`` kernel (oneDNN's packed convolutions write channels-last), or an
-        operator of :data:`PASS_LAYOUT_OPS` reading such a tensor. Later subprograms reading
-        it are measured with it channels-last."""
-        out = node.outputs[0]
-        if self.config.device != "cpu" or len(self.graph.shape(out)) != 4 or not chosen:
-            return
-        if node.op in CHANNELS_LAST_OPS:
-            likely = chosen[-1].kind in (KernelKind.NODE, KernelKind.CONV)
-        else:
-            likely = node.op in PASS_LAYOUT_OPS and \
-                any(n in self.channels_last for n in node.inputs)
-        if likely:
-            self.channels_last.add(out)
+        """Record whether ``node``'s output will likely be channels-last (:func:`~ollie.
+        optimizer.layout.likely_channels_last`): later subprograms reading it are measured so."""
+        if likely_channels_last(self.graph, node, chosen, self.channels_last, self.config.device):
+            self.channels_last.add(node.outputs[0])
 
     def node_kernel(self, node: Node) -> list[Kernel]:
         """The node run as it is (PyTorch's implementation where its selection says so)."""
@@ -223,10 +212,23 @@ class _Optimizer:
         if not self.config.derivation:  # OptimizeConfig.derivation off: the original operator
             return self.node_kernel(node)
         try:
+            return self.decide(node)
+        finally:
+            self.budget.decided(node.name)
+
+    def refused(self, node: Node, reason: str) -> list[Kernel]:
+        """``node`` kept as it is without a search, ``reason`` in its report."""
+        self.report.append(SubprogramReport(node.name, node.op, node.op, ORIGINAL, [], 0.0,
+                                            0.0, refused=reason))
+        return self.node_kernel(node)
+
+    def decide(self, node: Node) -> list[Kernel]:
+        """The kernels of compute node ``node``: a rewrite, or its original operator."""
+        try:
             low = self.graph.lower_node(node)
         except OllieError as exc:
             self.note(f"{node.describe()}: kept as is ({exc})")
-            return self.node_kernel(node)
+            return self.refused(node, "not lowered")
         self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
         expr, names = canonical_names(low.expr)
         weights = {canon: self.constants[orig] for orig, canon in names.items()
@@ -239,12 +241,16 @@ class _Optimizer:
         reused = key in self.memo
         if not reused:
             try:
-                self.memo[key] = self.search(node, expr, weights, cl)
+                found = self.search(node, expr, weights, cl)
             except Exception as exc:  # never lose the model to one subprogram
                 self.note(f"{node.describe()}: kept as is (its search failed: "
                           f"{_cause(exc)})")
                 log.debug("search of %s failed", node.describe(), exc_info=True)
-                return self.node_kernel(node)
+                return self.refused(node, "search failed")
+            if found is None:  # OptimizeConfig.total_budget spent, nothing decided before
+                self.budget.skipped.append(node.name)
+                return self.refused(node, TIME_BUDGET)
+            self.memo[key] = found
         out = self.memo[key]
         if out.original_library == TORCH:
             self.torch_originals.add(node.name)
@@ -307,21 +313,26 @@ class _Optimizer:
         return out
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-               channels_last: frozenset[str] = frozenset()) -> Outcome:
+               channels_last: frozenset[str] = frozenset()) -> Outcome | None:
         """The decision for a subprogram: from the decision cache, or by search + selection
-        (inputs in ``channels_last`` measured as channels-last tensors)."""
+        (inputs in ``channels_last`` measured as channels-last tensors) for its share of the
+        total budget; None when that is spent (:mod:`ollie.optimizer.budget`)."""
         cfg = self.config
-        # "decision3": the key's version, bumped when what a decision holds changes
-        # (history: docs/design/010-caches.md)
-        key = (f"decision3|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
-               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
-               f"{layout_key(channels_last)}")
-        if self.cache is not None:
-            doc = self.cache.get_decision(key)
+        fp = fingerprint(expr)
+        keys = [decision_key(cfg, fp, channels_last, partial)
+                for partial in ((False, True) if self.budget.bounded else (False,))]
+        for key in keys:
+            doc = None if self.cache is None else self.cache.get_decision(key)
             cached = None if doc is None else cached_outcome(doc, expr, weights)
             if cached is not None:
                 return cached
-        out = self._search(node, expr, weights, channels_last)
+        share = self.budget.share()
+        if share is None:
+            return None
+        t0 = self.budget.clock()
+        out = self._search(node, expr, weights, channels_last, share)
+        self.budget.searched(share, self.budget.clock() - t0)
+        key = keys[share < cfg.time_budget]  # a shorter search: kept apart
         if out.unconfirmed:
             self.note(f"{node.describe()}: measured under load; not cached")
         elif self.cache is not None:
@@ -332,12 +343,12 @@ class _Optimizer:
         return out
 
     def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-                channels_last: frozenset[str]) -> Outcome:
+                channels_last: frozenset[str], time_budget: float) -> Outcome:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
-            res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
+            res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget,
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
                                              roofline=machine_roofline(cfg.device, self.cache)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
@@ -428,12 +439,14 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     raw = opt.run()
     prog = postprocess(raw)
     notes = [*opt.notes, describe_postprocess(raw, prog)]
+    budget = opt.budget
     rewritten = any(r.chosen != ORIGINAL for r in opt.report)
     originals = postprocess(opt.assemble(frozenset())) if rewritten else None
     if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms: new code
         precompile_programs([p for p in (prog, originals) if p is not None])
     ref = reference(graph, cfg, notes)
-    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref)
+    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref,
+                                    timed=not budget.spent())
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
@@ -447,9 +460,10 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = decision.choice if decision is not None else PER_OPERATOR
+        timed = not budget.spent()
         try:
             refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                    cfg.device, cfg.settle)
+                                    cfg.device, cfg.settle, timed=timed)
         except Exception as exc:  # optional: the checked program stays
             notes.append(f"program context step skipped: {_cause(exc)}")
             log.warning("program context step skipped: %s", _cause(exc))
@@ -463,6 +477,10 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
                 if g.alternative and g.key in refined.on for n in g.nodes})
         if refined is not None:
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
+        elif not timed:
+            notes.append("program context step skipped: the total time budget was spent "
+                         "and no choice was cached")
+    notes += [budget.describe()] if budget.bounded else []
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device)
 
