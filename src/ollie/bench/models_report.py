@@ -118,7 +118,7 @@ def markdown(rows: list[dict], info: dict) -> str:
     for r in rows:
         t = r.get("times_ms", {})
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | " + "| " * (len(peers) + 7) +
+            lines.append(f"| {r['model']} | {r['batch']} | " + "| " * (len(peers) + 6) +
                          f"| {r['skipped']} |")
             continue
         notes = [f"{r['rewritten']} subprograms rewritten", f"{r['bound']}-bound"] + r["notes"]
