@@ -62,11 +62,16 @@ def test_each_subprogram_gets_its_share_of_what_is_left():
     clock.advance(4.0)
     budget.searched(3.0, 4.0)  # a second of selection beyond the share
     assert budget.share() == pytest.approx(6.0 / 2 - 1.0)
-    clock.advance(5.5)  # 0.5 s left: the floor
-    assert budget.share() == MIN_SHARE
-    assert Budget(100.0, 2.0, FakeClock()).share() == 2.0  # the per-subprogram cap
-    clock.advance(0.5)
+    clock.advance(5.0)  # 1 s left: no more than a selection takes
+    assert not budget.spent() and budget.share() is None
+    clock.advance(1.0)
     assert budget.spent() and budget.share() is None
+    assert Budget(100.0, 2.0, FakeClock()).share() == 2.0  # the per-subprogram cap
+    few = Budget(2.0, 30.0, FakeClock())
+    few.pending = {"a": "f1", "b": "f2", "c": "f3", "d": "f4"}
+    assert few.share() == MIN_SHARE  # the floor
+    few.searched(MIN_SHARE, 0.5)  # ended early: no overhead
+    assert few.share() == MIN_SHARE
 
 
 def test_a_shorter_search_is_cached_apart():

@@ -6,11 +6,15 @@ searched gets a share of what is left: ``min(time_budget, max(MIN_SHARE, left / 
 overhead))``, ``n`` the distinct subprograms still to search whose decision is not cached
 (:meth:`Budget.plan` estimates them before the first search), ``overhead`` the mean time a
 search's selection (compilation, verification, measurement) took beyond its share so far.
-Once the budget is spent, a subprogram not decided before (in this optimisation, or in the
+Once the budget is spent, or what is left is less than that overhead (a search would end past
+it), a subprogram not decided before (in this optimisation, or in the
 decision cache) keeps its original operator without a search (its report says ``"time
-budget"``). The budget can be exceeded by one subprogram's search and selection at most, then
-by the end-to-end check, which always runs (whole-program comparisons that are not cached are
-skipped when it is spent).
+budget"``). The budget can be exceeded by one subprogram's search and selection (the first
+one's, whose overhead is not known when it starts; it also pays one-off costs such as
+measuring the machine's roofline), then by the end-to-end check, which always runs (the
+program's first run also picks each convolution's implementation by measurement, once per
+configuration: :func:`ollie.exec.conv.best_conv`); whole-program comparisons that are not
+cached are skipped once it is spent.
 
 Without a total budget (None), every subprogram gets ``time_budget`` seconds, as before.
 Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
@@ -105,15 +109,16 @@ class Budget:
             self.pending[node.name] = fp
 
     def share(self) -> float | None:
-        """Seconds of search for the next subprogram searched; None when the budget is
-        spent."""
+        """Seconds of search for the next subprogram searched; None when the budget is spent
+        or what is left is less than the mean time selection took beyond the searches so
+        far."""
         if not self.bounded:
             return self.cap
         left = self.left()
-        if left <= 0:
+        overhead = self.overhead_s / self.searches if self.searches else 0.0
+        if left <= 0 or (self.searches and overhead >= left):
             return None
         n = max(1, len(set(self.pending.values())))
-        overhead = self.overhead_s / self.searches if self.searches else 0.0
         return min(self.cap, max(MIN_SHARE, left / n - overhead))
 
     def searched(self, share: float, seconds: float) -> None:

@@ -332,6 +332,8 @@ class _Optimizer:
         t0 = self.budget.clock()
         out = self._search(node, expr, weights, channels_last, share)
         self.budget.searched(share, self.budget.clock() - t0)
+        log.info("%s: searched for %.1f s, decided in %.1f s; %.1f s of the total budget left",
+                 node.describe(), share, self.budget.clock() - t0, self.budget.left())
         key = keys[share < cfg.time_budget]  # a shorter search: kept apart
         if out.unconfirmed:
             self.note(f"{node.describe()}: measured under load; not cached")
