@@ -92,8 +92,16 @@ def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
         shares.append(kw["time_budget"])
         return DeriveResult([], {"candidates": 0}, expr)
 
+    real_select = model_mod.select
+
+    def select(*args, **kw):
+        measured.append(kw.get("max_seconds"))
+        return real_select(*args, **kw)
+
+    measured: list[float | None] = []
     mp = pytest.MonkeyPatch()
     mp.setattr(model_mod, "derive", derive)
+    mp.setattr(model_mod, "select", select)
     try:
         prog = ollie.optimize(m, (x,), progress=lambda node, done, total: clock.advance(step),
                               **FAST, **kwargs)
@@ -101,6 +109,9 @@ def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
         mp.undo()
     with torch.no_grad():
         assert torch.allclose(prog(x), m(x), rtol=1e-4, atol=1e-5)
+    # a selection measures for as long as its search had at most
+    assert measured == ([max(s, MIN_SHARE) for s in shares] if kwargs.get("total_budget")
+                        else [None] * len(shares))
     return prog, shares
 
 
@@ -135,6 +146,15 @@ def test_a_budget_that_lasts_shares_it_out(ollie_settings, tmp_path):
     prog, shares = _optimize(clock, time_budget=30.0, total_budget=4.5)
     assert shares == pytest.approx([3.5 / 3, 2.5 / 2, 1.5])
     assert all(r.refused is None for r in prog.report)
+
+
+def test_without_a_total_budget_every_search_gets_the_per_subprogram_budget(ollie_settings,
+                                                                            tmp_path):
+    clock = FakeClock()
+    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    prog, shares = _optimize(clock, 1000.0, time_budget=0.5)
+    assert shares == [0.5, 0.5, 0.5]
+    assert not any(n.startswith("total time budget") for n in prog.notes)
 
 
 def test_tally_counts_derived_original_and_refused():

@@ -5,7 +5,9 @@ A :class:`Budget` is started when the optimizer starts. Each distinct subprogram
 searched gets a share of what is left: ``min(time_budget, max(MIN_SHARE, left / n -
 overhead))``, ``n`` the distinct subprograms still to search whose decision is not cached
 (:meth:`Budget.plan` estimates them before the first search), ``overhead`` the mean time a
-search's selection (compilation, verification, measurement) took beyond its share so far.
+search's selection (compilation, verification, measurement) took beyond its share so far;
+the selection's measurements last at most as long as that share (fewer rounds: a rewrite
+must then be faster by more to be kept).
 Once the budget is spent, or what is left is less than that overhead (a search would end past
 it), a subprogram not decided before (in this optimisation, or in the
 decision cache) keeps its original operator without a search (its report says ``"time

@@ -40,7 +40,7 @@ from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
-from ollie.optimizer.budget import TIME_BUDGET, Budget, decision_key
+from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget, decision_key
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -354,9 +354,11 @@ class _Optimizer:
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
                                              roofline=machine_roofline(cfg.device, self.cache)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
+            bounded = self.budget.bounded  # measured for at most the search's share
             sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
                          cfg.device, self.cache, limit=cfg.max_candidates,
-                         channels_last=channels_last, eager=eager_runner(*args))
+                         channels_last=channels_last, eager=eager_runner(*args),
+                         **({"max_seconds": max(time_budget, MIN_SHARE)} if bounded else {}))
         best = sel.best
         kept = best if best.program is None else sel.original  # the original, if it is kept
         ncand = res.stats["candidates"]
