@@ -354,11 +354,12 @@ class _Optimizer:
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
                                              roofline=machine_roofline(cfg.device, self.cache)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
-            bounded = self.budget.bounded  # measured for at most the search's share
+            # under a total budget, measured for at most the search's share
+            short: dict[str, Any] = {"max_seconds": max(time_budget, MIN_SHARE)} \
+                if self.budget.bounded else {}
             sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
                          cfg.device, self.cache, limit=cfg.max_candidates,
-                         channels_last=channels_last, eager=eager_runner(*args),
-                         **({"max_seconds": max(time_budget, MIN_SHARE)} if bounded else {}))
+                         channels_last=channels_last, eager=eager_runner(*args), **short)
         best = sel.best
         kept = best if best.program is None else sel.original  # the original, if it is kept
         ncand = res.stats["candidates"]
