@@ -7,16 +7,17 @@ overhead))``, ``n`` the distinct subprograms still to search whose decision is n
 (:meth:`Budget.plan` estimates them before the first search), ``overhead`` the mean time a
 search's selection (compilation, verification, measurement) took beyond its share so far;
 the selection's measurements last at most as long as that share (fewer rounds: a rewrite
-must then be faster by more to be kept).
-Once the budget is spent, or what is left is less than that overhead (a search would end past
-it), a subprogram not decided before (in this optimisation, or in the
-decision cache) keeps its original operator without a search (its report says ``"time
-budget"``). The budget can be exceeded by one subprogram's search and selection (the first
-one's, whose overhead is not known when it starts; it also pays one-off costs such as
-measuring the machine's roofline), then by the end-to-end check, which always runs (the
-program's first run also picks each convolution's implementation by measurement, once per
-configuration: :func:`ollie.exec.conv.best_conv`); whole-program comparisons that are not
-cached are skipped once it is spent.
+must then be faster by more to be kept). Once the budget is spent, or what is left is less
+than that overhead (a search would end past it), a subprogram not decided before (in this
+optimisation, or in the decision cache) keeps its original operator without a search (its
+report says ``"time budget"``).
+
+The budget can be exceeded by one subprogram's search and selection (the first one's, whose
+overhead is not known when it starts; it also pays one-off costs such as measuring the
+machine's roofline), then by the end-to-end check, which always runs (the program's first
+run also picks each convolution's implementation by measurement, once per configuration:
+:func:`ollie.exec.conv.best_conv`); whole-program comparisons that are not cached are
+skipped once it is spent.
 
 Without a total budget (None), every subprogram gets ``time_budget`` seconds, as before.
 Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
