@@ -34,7 +34,8 @@ def test_the_bar_shows_subprograms_elapsed_and_eta_on_a_terminal_only():
     clock.advance(30.0)
     update("conv2d_1", 1, 4)
     text = out.getvalue()
-    assert "1/4 subprograms" in text and "0:30 elapsed, ETA 1:10" in text
+    assert "1/4 subprograms, 0:30 elapsed, ETA 1:10 | conv2d_1" in text
+    assert "None" not in text
     assert "conv2d_1" in text
     close()
     pipe = io.StringIO()  # not a terminal: nothing drawn

@@ -59,10 +59,13 @@ def optimize_progress(label: str, budget: float | None,
     from tqdm import tqdm
 
     start = clock()
-    bar = tqdm(desc=label, unit="subprogram", leave=False, file=out,
-               bar_format="{desc}: {n}/{total} subprograms {bar} {postfix}")
+    bars: list[tqdm] = []  # made at the first call, when the number of subprograms is known
 
     def update(node: str, done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(desc=label, total=total, leave=False, file=out,
+                             bar_format="{desc} |{bar:20}| {n}/{total} subprograms{postfix}"))
+        bar = bars[0]
         elapsed = clock() - start
         bar.total, bar.n = total, done
         eta = eta_seconds(elapsed, done, total, budget)
@@ -70,4 +73,8 @@ def optimize_progress(label: str, budget: float | None,
                             + (f" | {node}" if node else ""), refresh=False)
         bar.refresh()
 
-    return update, bar.close
+    def close() -> None:
+        for bar in bars:
+            bar.close()
+
+    return update, close
