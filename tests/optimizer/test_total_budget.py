@@ -64,6 +64,9 @@ def test_each_subprogram_gets_its_share_of_what_is_left():
     assert budget.share() == pytest.approx(6.0 / 2 - 1.0)
     clock.advance(5.0)  # 1 s left: no more than a selection takes
     assert not budget.spent() and budget.share() is None
+    assert not budget.out_of_time()
+    budget.skipped.append("d")  # left unsearched: no optional work either
+    assert budget.out_of_time()
     clock.advance(1.0)
     assert budget.spent() and budget.share() is None
     assert Budget(100.0, 2.0, FakeClock()).share() == 2.0  # the per-subprogram cap
@@ -104,7 +107,7 @@ def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
     mp.setattr(model_mod, "select", select)
     try:
         prog = ollie.optimize(m, (x,), progress=lambda node, done, total: clock.advance(step),
-                              **FAST, **kwargs)
+                              **{**FAST, **kwargs})
     finally:
         mp.undo()
     with torch.no_grad():
@@ -120,13 +123,16 @@ def test_a_spent_budget_keeps_the_remaining_subprograms(ollie_settings, tmp_path
     ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
     # t=1: 1.5 s left for 3 subprograms (floor 1 s); t=2: 0.5 s left for 2 (floor);
     # t=3: spent
-    prog, shares = _optimize(clock, time_budget=30.0, total_budget=2.5)
+    prog, shares = _optimize(clock, time_budget=30.0, total_budget=2.5, choose_libraries=True)
     assert shares == [MIN_SHARE, MIN_SHARE]
     assert [r.refused for r in prog.report] == [None, None, TIME_BUDGET]
     assert prog.report[2].chosen == ORIGINAL and prog.report[2].nodes == ["conv2d_2"]
     assert "(not searched: time budget)" in prog.summary()
     assert "1 not searched (time budget: 1)" in prog.summary()
     assert any(n.startswith("total time budget 2.5 s") and "conv2d_2" in n
+               for n in prog.notes)
+    # nothing timed for the whole program once it ran out
+    assert any("not compared in the whole program: the total time budget ran out" in n
                for n in prog.notes)
     prog.save(tmp_path / "saved")
     assert [r.refused for r in ollie.load(tmp_path / "saved").report] == \

@@ -17,7 +17,7 @@ overhead is not known when it starts; it also pays one-off costs such as measuri
 machine's roofline), then by the end-to-end check, which always runs (the program's first
 run also picks each convolution's implementation by measurement, once per configuration:
 :func:`ollie.exec.conv.best_conv`); whole-program comparisons that are not cached are
-skipped once it is spent.
+skipped once it is spent or a subprogram went unsearched for it (:meth:`Budget.out_of_time`).
 
 Without a total budget (None), every subprogram gets ``time_budget`` seconds, as before.
 Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
@@ -73,7 +73,7 @@ class Budget:
         self.searches = 0
         self.overhead_s = 0.0  # summed time of selection beyond the search shares
         self.skipped: list[str] = []
-        """The nodes that kept their original operator because the budget was spent."""
+        """The nodes that kept their original operator because the budget ran out."""
 
     @property
     def bounded(self) -> bool:
@@ -88,6 +88,12 @@ class Budget:
 
     def spent(self) -> bool:
         return self.left() <= 0
+
+    def out_of_time(self) -> bool:
+        """Whether the budget is spent, or a subprogram was already left unsearched for it:
+        what remains of it then goes to no optional work (sibling merging, whole-program
+        comparisons not cached)."""
+        return self.spent() or bool(self.skipped)
 
     def plan(self, graph: Graph, nodes: list[Node], cfg: OptimizeConfig,
              constants: Mapping[str, object], cache: CostCache | None) -> None:

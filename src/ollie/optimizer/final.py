@@ -187,7 +187,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     if decided is None and not timed:
         if alternatives or sum(is_library_conv(k) for k in prog.kernels) >= 2:
             notes.append("convolution libraries and the original operators not compared in "
-                         "the whole program: the total time budget was spent and no choice "
+                         "the whole program: the total time budget ran out and no choice "
                          "was cached")
         return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,

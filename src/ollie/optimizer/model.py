@@ -134,7 +134,7 @@ class _Optimizer:
                 if self.progress:
                     self.progress(node.name, done, total)
                 done += 1
-                group = None if self.budget.spent() else groups.get(node.name)
+                group = None if self.budget.out_of_time() else groups.get(node.name)
                 merged = None if group is None else self.sibling_group(group, decided)
                 if group is not None and merged is not None:
                     kernels += merged
@@ -451,7 +451,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         precompile_programs([p for p in (prog, originals) if p is not None])
     ref = reference(graph, cfg, notes)
     prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref,
-                                    timed=not budget.spent())
+                                    timed=not budget.out_of_time())
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
@@ -465,7 +465,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = decision.choice if decision is not None else PER_OPERATOR
-        timed = not budget.spent()
+        timed = not budget.out_of_time()
         try:
             refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
                                     cfg.device, cfg.settle, timed=timed)
@@ -483,7 +483,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         if refined is not None:
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
         elif not timed:
-            notes.append("program context step skipped: the total time budget was spent "
+            notes.append("program context step skipped: the total time budget ran out "
                          "and no choice was cached")
     notes += [budget.describe()] if budget.bounded else []
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")

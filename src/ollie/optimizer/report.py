@@ -35,7 +35,7 @@ class SubprogramReport:
     time alone) because the whole program was faster with it. ``eager_ms``: the original
     operator's time as the framework runs it (PyTorch), None when not measured (a report
     saved before it was). ``refused``: why the subprogram kept its original operator without
-    a search and without times (``"time budget"``: the total budget was spent; ``"not
+    a search and without times (``"time budget"``: the total budget ran out; ``"not
     lowered"``: it has no expression; ``"search failed"``), else None."""
 
     node: str
