@@ -94,3 +94,63 @@ def test_repeated_timings_give_medians_and_the_speedup_range(monkeypatch) -> Non
     line = [ln for ln in models_report.markdown([r], info).splitlines() if ln.startswith("| ")][1]
     assert "medians of 3 timings, over which Ollie ran 2.00-5.00x over eager and " \
            "0.80-4.00x over the best peer" in line
+
+
+def test_the_table_gives_warm_time_and_the_subprograms_outcomes() -> None:
+    import json
+
+    from ollie.bench.models_report import markdown
+
+    saved = Path(__file__).parents[2] / "benchmarks" / "results" / "models.json"
+    doc = json.loads(saved.read_text())
+    old = next(r for r in doc["rows"] if "skipped" not in r and "subprograms" not in r)
+    new = dict(old, subprograms={"derived": 3, "original": 1, "refused": 2,
+                                 "reasons": {"time budget": 2}}, opaque_ops=4)
+    skipped = {"model": "x", "batch": 1, "skipped": "too big"}
+    info = dict(doc["machine"], date=old.get("measured", ""), total_budget=60.0)
+    text = markdown([old, new, skipped], info)
+    assert "20 s per distinct subprogram, 60 s per model" in text.replace(
+        f"{info['budget']:g} s per distinct", "20 s per distinct")
+    header, _, *lines = [ln for ln in text.splitlines() if ln.startswith("| model | batch |")
+                         or ln.startswith(("|---", f"| {old['model']} |", "| x |"))][:5]
+    assert "| optimisation s | warm s | subprograms derived / original / refused | notes |" \
+        in header
+    cells = header.count("|")
+    assert all(ln.count("|") == cells for ln in lines), lines
+    assert f"| {old['reoptimize_s']:.2f} | n/a |" in lines[0]
+    assert f"| {old['reoptimize_s']:.2f} | 3 / 1 / 2 (time budget 2); 4 opaque ops |" in lines[1]
+
+
+def test_a_row_tallies_the_subprograms_and_passes_the_total_budget(monkeypatch) -> None:
+    from ollie.bench import models
+    from ollie.optimizer.report import SubprogramReport
+
+    calls: list[dict] = []
+    report = [SubprogramReport("c0", "Conv2d", "Conv2d", "Conv", ["a"], 2.0, 1.0),
+              SubprogramReport("c1", "Conv2d", "Conv2d", "original operator", [], 0.0, 0.0,
+                               refused="time budget")]
+
+    class Optimized:
+        def __init__(self, module: nn.Module) -> None:
+            self.module, self.report, self.notes = module, report, []
+
+        def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return self.module(*inputs)
+
+    def optimize(module, inputs, device, **kwargs):
+        calls.append(kwargs)
+        return Optimized(module)
+
+    module = nn.Sequential(nn.Conv2d(2, 2, 3), nn.MaxPool2d(2)).eval()
+    monkeypatch.setattr(models.ollie, "optimize", optimize)
+    monkeypatch.setattr(models, "measure_alternating",
+                        lambda fns, *a, **k: {n: 1e-3 for n in fns})
+    monkeypatch.setattr(models, "build", lambda name, batch: (module, (torch.randn(1, 2, 8, 8),)))
+    monkeypatch.setattr(torch, "compile", lambda m: m)
+    row = models.run_one("tiny", 1, 0.5, {"matmul_flops": 1e11, "copy_bytes": 1e10},
+                         log=lambda *_: None, total_budget=7.0)
+    assert [c["total_budget"] for c in calls] == [7.0, 7.0]  # cold and warm
+    assert row["subprograms"] == {"derived": 1, "original": 0, "refused": 1,
+                                  "reasons": {"time budget": 1}}
+    assert row["opaque_ops"] == 1  # the max pooling runs as it is
+    assert "optimize_s" in row and "reoptimize_s" in row

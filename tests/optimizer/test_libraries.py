@@ -236,7 +236,8 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     assert final.checked(graph, originals, originals, cfg, [], None, None)[1] is None
 
     # the report of a program that kept the original operators
-    def checked(graph, prog, raw, cfg, notes, cache=None, originals=None, ref=None):
+    def checked(graph, prog, raw, cfg, notes, cache=None, originals=None, ref=None,
+                timed=True):
         return (originals if originals is not None else postprocess(raw),
                 LibraryDecision(PER_OPERATOR, "original operators"), "optimised")
 

@@ -1,8 +1,9 @@
 """End-to-end benchmark (the paper's end-to-end figure): every zoo model at batch 1 and 16.
 
 Per model and batch, in one process: build the module (``ollie.zoo.get``), optimise it with
-``ollie.optimize`` (``budget`` seconds of search per distinct subprogram, a fresh persistent
-cache so the first optimisation is cold) and check its output against the module (relative
+``ollie.optimize`` (``budget`` seconds of search per distinct subprogram, ``total_budget``
+seconds for the whole model if given, a fresh persistent cache so the first optimisation is
+cold) and check its output against the module (relative
 error < 1e-3), then time alternately (``measure_alternating``, interleaved rounds; each sample
 is one untimed call followed by at least 20 ms of back-to-back calls, so every system is timed
 in its steady state, as a model served in a loop runs; on the CPU a sample starts after 0.2 s
@@ -35,7 +36,9 @@ faster) and the copy bandwidth measured on this machine,
 and bytes estimated as weights + model input and output + every materialised intermediate
 (outputs of compute and opaque operators) written once and read once (element-wise operators
 are assumed fused). And the warm re-optimisation time: the same model optimised again in the
-same process with the persistent cache warm (second / first).
+same process with the persistent cache warm (second / first), and how many subprograms were
+derived, kept their original operator or were refused a search, and why
+(:func:`ollie.optimizer.report.tally`).
 
 A model/batch whose largest intermediate would not fit three times in the available memory is
 skipped and says so (Longformer at seq 10000, batch 16: the [128, 10000, 2001] scores alone
@@ -72,6 +75,7 @@ from ollie.bench import attribution as attrib
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
 from ollie.optimizer.libraries import rel_err
+from ollie.optimizer.report import tally
 from ollie.settings import using
 from ollie.tune import roofline
 from ollie.tune.measure import (
@@ -213,10 +217,15 @@ def _too_big(name: str, batch: int) -> str | None:
 
 
 def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
-            device: str = "cpu", repeats: int = 1, attribution: bool = False) -> dict:
+            device: str = "cpu", repeats: int = 1, attribution: bool = False,
+            total_budget: float | None = None) -> dict:
     """One model and batch: build, check, optimise and time every system (``repeats``
     timings in a row, see :func:`timed`); with ``attribution``, also the programs of
-    :mod:`ollie.bench.attribution`."""
+    :mod:`ollie.bench.attribution`. ``budget``: search seconds per distinct subprogram;
+    ``total_budget``: seconds for each optimisation of the model (None: no limit). The row
+    gets the cold and warm optimisation times and the subprograms' outcomes
+    (:func:`~ollie.optimizer.report.tally`, ``subprograms``) and the count of operators
+    without an expression, run as they are (``opaque_ops``)."""
     row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
     notes = row["notes"]
     module, inputs = build(name, batch)
@@ -226,7 +235,9 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
         ref = module(*inputs).cpu()
 
     from ollie.optimizer.model import to_graph
-    flops, nbytes = graph_costs(to_graph(module, inputs))
+    graph = to_graph(module, inputs)
+    flops, nbytes = graph_costs(graph)
+    row["opaque_ops"] = sum(n.opaque for n in graph.nodes)
     t_c, t_m = flops / rates["matmul_flops"], nbytes / rates["copy_bytes"]
     row.update(gflops=flops / 1e9, mbytes=nbytes / 1e6, roofline_ms=1e3 * max(t_c, t_m),
                bound="compute" if t_c >= t_m else "memory")
@@ -272,10 +283,11 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             notes.append(f"ORT failed: {_first_line(e)}")
     # Ollie: cold, checked, then warm re-optimisation
     t0 = time.perf_counter()
-    prog = ollie.optimize(module, inputs, device, time_budget=budget)
+    prog = ollie.optimize(module, inputs, device, time_budget=budget,
+                          total_budget=total_budget)
     row["optimize_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ollie.optimize(module, inputs, device, time_budget=budget)
+    ollie.optimize(module, inputs, device, time_budget=budget, total_budget=total_budget)
     row["reoptimize_s"] = time.perf_counter() - t0
     with torch.inference_mode():
         row["errors"]["Ollie"] = err = rel_err(prog(*inputs).cpu(), ref)
@@ -285,6 +297,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     row["report"] = [r.to_json() for r in prog.report]
     rewritten = sum(r.chosen != "original operator" for r in prog.report)
     row["rewritten"] = f"{rewritten}/{len(prog.report)}"
+    row["subprograms"] = tally(prog.report)
     notes += [n for n in prog.notes if not n.startswith(("optimised in", "checked against"))]
     log(f"  Ollie: optimised in {row['optimize_s']:.1f} s (warm {row['reoptimize_s']:.2f} s), "
         f"{row['rewritten']} subprograms rewritten, rel err {err:.1e}")
@@ -346,29 +359,34 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
-         attribution: bool = False) -> int:
+         attribution: bool = False, total_budget: float | None = None) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
     (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`);
-    ``attribution``: also time the programs of :mod:`ollie.bench.attribution`."""
+    ``attribution``: also time the programs of :mod:`ollie.bench.attribution`;
+    ``total_budget``: seconds for each optimisation of a model (None: no limit)."""
+    from ollie.optimizer.config import OptimizeConfig
+
+    OptimizeConfig(time_budget=budget, total_budget=total_budget)  # a bad budget: ConfigError
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
     with using(cache_dir=cache):
         return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
-                        attribution)
+                        attribution, total_budget)
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
-             repeats: int, attribution: bool = False) -> int:
+             repeats: int, attribution: bool = False, total_budget: float | None = None
+             ) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
     info["precision"] = fp32_everywhere(device)
     info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
-                copy_bytes=copy_bandwidth(device), budget=budget)
+                copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget)
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
         f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
         f"load {info['loadavg_start']}")
@@ -389,7 +407,8 @@ def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: 
             why = _too_big(name, batch)
             try:
                 row = ({"model": name, "batch": batch, "skipped": why} if why else
-                       run_one(name, batch, budget, info, log, device, repeats, attribution))
+                       run_one(name, batch, budget, info, log, device, repeats, attribution,
+                               total_budget))
             except Exception as e:  # keep going, say what broke
                 import traceback
 

@@ -19,6 +19,19 @@ def _ms(v: float | None) -> str:
     return "n/a" if v is None else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
 
 
+def outcomes(row: dict) -> str:
+    """A row's subprograms as ``derived / original / refused``, the refusals' reasons and the
+    operators without an expression (run as they are) after them; ``n/a`` for a row measured
+    before they were recorded."""
+    t = row.get("subprograms")
+    if t is None:
+        return "n/a"
+    why = ", ".join(f"{k} {v}" for k, v in t["reasons"].items())
+    opaque = row.get("opaque_ops")
+    return (f"{t['derived']} / {t['original']} / {t['refused']}" + (f" ({why})" if why else "")
+            + (f"; {opaque} opaque ops" if opaque else ""))
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
@@ -94,15 +107,18 @@ def markdown(rows: list[dict], info: dict) -> str:
              f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
              f"{info['copy_bytes'] / 1e9:.1f} GB/s; load average {info['loadavg_start']:.2f} "
              f"at start, {info.get('loadavg_end', float('nan')):.2f} at end. Search budget "
-             f"{info['budget']:g} s per distinct subprogram. {info.get('precision', '')}",
+             f"{info['budget']:g} s per distinct subprogram"
+             + (f", {info['total_budget']:g} s per model" if info.get("total_budget") else "")
+             + f". {info.get('precision', '')}",
              "",
              "| model | batch | " + "".join(f"{p} ms | " for p in peers) + "Ollie ms | "
-             "speedup vs eager | speedup vs best peer | roofline ms | optimisation s | notes |",
-             "|---|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---|"]
+             "speedup vs eager | speedup vs best peer | roofline ms | optimisation s | "
+             "warm s | subprograms derived / original / refused | notes |",
+             "|---|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         t = r.get("times_ms", {})
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | " + "| " * (len(peers) + 5) +
+            lines.append(f"| {r['model']} | {r['batch']} | " + "| " * (len(peers) + 6) +
                          f"| {r['skipped']} |")
             continue
         notes = [f"{r['rewritten']} subprograms rewritten", f"{r['bound']}-bound"] + r["notes"]
@@ -117,7 +133,9 @@ def markdown(rows: list[dict], info: dict) -> str:
             f"| {r['model']} | {r['batch']} | " + "".join(f"{_ms(t.get(p))} | " for p in peers) +
             f"{_ms(t.get('Ollie'))} | "
             f"{r['speedup_vs_eager']:.2f}x | {r['speedup_vs_best']:.2f}x ({r['best_peer']}) | "
-            f"{_ms(r['roofline_ms'])} | {r['optimize_s']:.1f} | {'; '.join(notes)} |")
+            f"{_ms(r['roofline_ms'])} | {r['optimize_s']:.1f} | "
+            + (f"{r['reoptimize_s']:.2f}" if "reoptimize_s" in r else "n/a")
+            + f" | {outcomes(r)} | {'; '.join(notes)} |")
     lines += ["", f"Geometric-mean speedup of Ollie over the best of {' / '.join(peers)}: "
                   f"**{s['geomean_vs_best_peer']:.2f}x**; over PyTorch eager: "
                   f"**{s['geomean_vs_eager']:.2f}x** ({s['rows_in_geomean']} model/batch "

@@ -54,8 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "extra 'models')")
     m.add_argument("--batches", nargs="+", type=int, default=[1, 16],
                    help="batch sizes (default: 1 16)")
-    m.add_argument("--budget", type=float, default=20.0,
-                   help="search seconds per distinct subprogram (default 20)")
+    m.add_argument("--budget", "--subprogram-budget", dest="budget", type=float, default=20.0,
+                   metavar="S", help="search seconds per distinct subprogram (default 20)")
+    m.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="total seconds for each optimisation of a model, as 'ollie optimize "
+                        "--time-budget' (default: no limit)")
     m.add_argument("--out", default="benchmarks/results", help="output folder")
     m.add_argument("--keep", action="store_true",
                    help="keep other models' rows already in OUT/models.json")
@@ -98,5 +101,5 @@ def run(args: argparse.Namespace) -> int:
         return models.main(models.expand(args.models or models.DEFAULT_MODELS), tuple(args.batches),
                            args.budget, args.out, args.keep, args.cache_dir,
                            args.threads, device=args.device, repeats=args.repeats,
-                           attribution=args.attribution)
+                           attribution=args.attribution, total_budget=args.time_budget)
     raise AssertionError(args.bench)

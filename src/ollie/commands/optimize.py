@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,8 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("-o", "--output", default=None,
                    help="folder to save the optimised program (default: NAME.ollie)")
-    p.add_argument("--time-budget", type=float, default=30.0,
-                   help="search seconds per distinct subprogram (default 30)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="total seconds for the whole model (default: no limit): each distinct "
+                        "subprogram searches for a share of what is left, at most "
+                        "--subprogram-budget; once spent, the rest keep their original "
+                        "operators (or a cached decision) and the best program so far is "
+                        "returned")
+    p.add_argument("--subprogram-budget", type=float, default=30.0, metavar="S",
+                   help="search seconds per distinct subprogram at most (default 30)")
     p.add_argument("--max-depth", type=int, default=2, help="explorative depth (default 2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--explain", action="store_true",
@@ -63,29 +68,18 @@ def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] 
 
 
 def run(args: argparse.Namespace) -> int:
+    from ollie.commands.progress import optimize_progress
     from ollie.optimizer.model import optimize
 
     model, inputs, name = load_model(args.model, args.batch)
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(desc=f"optimizing {name}", unit="subprogram", leave=False)
-
-    def progress(node: str, done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.n = done
-            bar.set_postfix_str(node)
-            bar.refresh()
-
+    progress, close = optimize_progress(f"optimizing {name}", args.time_budget)
     try:
-        opt = optimize(model, inputs, device=args.device, time_budget=args.time_budget,
-                       max_depth=args.max_depth, progress=progress,
-                       kernel_library=args.kernel_library, derivation=args.derivation)
+        opt = optimize(model, inputs, device=args.device, time_budget=args.subprogram_budget,
+                       total_budget=args.time_budget, max_depth=args.max_depth,
+                       progress=progress, kernel_library=args.kernel_library,
+                       derivation=args.derivation)
     finally:
-        if bar is not None:
-            bar.close()
+        close()
     out = Path(args.output or f"{name}.ollie")
     opt.save(out)
     if args.json:

@@ -24,11 +24,15 @@ class OptimizeConfig:
     returned program alike. ``derivation``: each subprogram is derived and its fastest
     verified program chosen; off, every subprogram keeps its original operator (no search),
     while the rest of the pipeline (post-processing, library choice, the end-to-end check)
-    runs as usual."""
+    runs as usual. ``total_budget``: seconds of wall-clock time for the whole optimisation
+    (None: unbounded); each distinct subprogram then searches for its share of what is left
+    (at most ``time_budget``), and once it is spent the remaining subprograms keep their
+    original operators, or a decision made before (:mod:`ollie.optimizer.budget`)."""
 
     device: str = "cpu"
     max_depth: int = 2
     time_budget: float = 30.0     # seconds of search per distinct subprogram
+    total_budget: float | None = None  # seconds for the whole model (None: unbounded)
     max_candidates: int = 8       # candidates measured per subprogram
     use_cache: bool = True
     check_rtol: float = 1e-3
@@ -53,6 +57,8 @@ class OptimizeConfig:
                        "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
             "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
             "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
+            "total_budget": (self.total_budget, self.total_budget is None or
+                             self.total_budget > 0, "None or > 0 seconds"),
             "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
             "check_rtol": (self.check_rtol, self.check_rtol > 0, "> 0"),
             "settle": (self.settle, self.settle >= 0, ">= 0 seconds"),

@@ -230,10 +230,11 @@ def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
 
 def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
                   start: frozenset[str], library: str, ref: Reference,
-                  cache: CostCache | None, device: str, settle: float = SETTLE_SECONDS
-                  ) -> Refined | None:
+                  cache: CostCache | None, device: str, settle: float = SETTLE_SECONDS,
+                  timed: bool = True) -> Refined | None:
     """:func:`refine` on the reference ``ref``, its choice kept in ``cache`` under the digests
-    of the programs with all rewrites and with none."""
+    of the programs with all rewrites and with none. ``timed`` off (the total time budget is
+    spent): only a cached choice is applied; None without one."""
     key = decided = None
     if cache is not None:
         digests = "+".join(program_digest(postprocess(assemble(on)))
@@ -241,6 +242,8 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
         key = (f"context{DECISION_VERSION}|{digests}|{library}|{sorted(start)}|"
                f"{device_key(device)}")
         decided = _decision(cache.get_decision(key), {g.key for g in groups})
+    if decided is None and not timed:
+        return None
     refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided,
                      settle)
     if refined is not None and cache is not None and key is not None and \

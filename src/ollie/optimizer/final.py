@@ -36,6 +36,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     LibraryDecision,
     choose_libraries,
+    is_library_conv,
     rel_err,
 )
 from ollie.program.kernel import Kernel
@@ -174,18 +175,19 @@ def confirm(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
 
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
             notes: list[str], cache: CostCache | None = None,
-            originals: Program | None = None, ref: Reference | None = None
-            ) -> tuple[Program, LibraryDecision | None, str]:
+            originals: Program | None = None, ref: Reference | None = None,
+            timed: bool = True) -> tuple[Program, LibraryDecision | None, str]:
     """The first of (``prog``, ``raw``, every operator as it is) that matches the model on
     random inputs and on the example inputs (``ref``, made here if not given: random inputs
     only), with its libraries chosen on the CPU (``originals``: the original operators as an
     alternative program, offered when some subprogram was rewritten; a choice that fails on
     the example inputs is dropped; a program that raises is not used). A fallback is logged
-    as a warning naming why. Returns
-    the program, the library decision (:func:`~ollie.optimizer.libraries.choose_libraries`;
-    :func:`~ollie.optimizer.libraries.alternative_of` it is :data:`ORIGINALS` when that
-    alternative was kept) and
-    which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``."""
+    as a warning naming why. Returns the program, the library decision
+    (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
+    libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
+    which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``.
+    ``timed`` off (the total time budget is spent): libraries only as a cached decision says
+    (:func:`libraries`)."""
     ref = ref or reference(graph, cfg, notes)
     first = len(notes)
     feeds, want, rtol = ref.feeds, ref.want, ref.rtol
@@ -209,7 +211,8 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         notes.append(f"checked against the original model: max relative error {err:.2e}"
                      + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
         alternatives = {ORIGINALS: originals} if originals is not None else {}
-        chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives)
+        chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives,
+                                     timed)
         if chosen is not candidate and \
                 confirm(chosen, ref, cfg, "library choice's", notes) is None:
             return candidate, None, label
@@ -218,7 +221,8 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
     log.warning("the optimised program disagrees with the model; falling back to the "
                 "original operators (%s)",
                 "; ".join(n for n in notes[first:] if "disagrees" in n or "failed" in n))
-    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache)[0], None, "fallback"
+    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache, timed=timed)[0], None, \
+        "fallback"
 
 
 def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
@@ -254,11 +258,12 @@ def program_digest(prog: Program) -> str:
 
 def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
-              cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
-              ) -> tuple[Program, LibraryDecision | None]:
+              cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
+              timed: bool = True) -> tuple[Program, LibraryDecision | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
-    and the decision (None: ``prog`` as it is, nothing chosen)."""
+    and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
+    decision found in ``cache`` is applied; without one nothing is timed (a note says so)."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -270,6 +275,12 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     key = f"libraries2-called|{digests}|{'+'.join(CHOICES)}|{'+'.join(alternatives)}|" \
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = LibraryDecision.from_json(cache.get_decision(key)) if cache is not None else None
+    if decided is None and not timed:
+        if alternatives or sum(is_library_conv(k) for k in prog.kernels) >= 2:
+            notes.append("convolution libraries and the original operators not compared in "
+                         "the whole program: the total time budget ran out and no choice "
+                         "was cached")
+        return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
     if note:

@@ -33,11 +33,12 @@ from ollie.exec.conv import TORCH
 from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
-from ollie.graph.chains import Chain, contraction_chains
+from ollie.graph.chains import contraction_chains
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
-from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
+from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget, decision_key
+from ollie.optimizer.chains import ChainOutcome
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import (
@@ -50,10 +51,12 @@ from ollie.optimizer.final import (
 )
 from ollie.optimizer.importing import to_graph
 from ollie.optimizer.keys import SubprogramKey
+from ollie.optimizer.layout import likely_channels_last
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
 from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
-from ollie.optimizer.region import MergeOutcome, Part, merge_siblings
+from ollie.optimizer.region import MergeOutcome, Part
 from ollie.optimizer.rename import canonical_names, rename_kernels
 from ollie.optimizer.report import (
     Alternative,
@@ -63,7 +66,7 @@ from ollie.optimizer.report import (
     load,
     switched_on,
 )
-from ollie.optimizer.select import layout_key, select
+from ollie.optimizer.select import select
 from ollie.passes.postprocess import describe as describe_postprocess
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
@@ -73,20 +76,14 @@ from ollie.program.serialize import FormatError
 from ollie.search import SearchConfig, derive
 from ollie.search.config import machine_roofline
 from ollie.search.instantiate import Instantiator
-from ollie.settings import using
-from ollie.tune.cache import CostCache, device_key
+from ollie.settings import current, using
+from ollie.tune.cache import CostCache
 
 log = logging.getLogger(__name__)
-CHANNELS_LAST_OPS = ("Conv2d", "ConvTranspose2d")
-"""Operators whose 4-D output the CPU runtime usually leaves channels-last (oneDNN), when kept
-or run as a library ``Conv`` kernel."""
-PASS_LAYOUT_OPS = ("Relu", "Tanh", "Sigmoid", "Add", "MaxPool2d")
-"""Operators whose output keeps the memory format of a channels-last input: fused into the
-convolution before them (activations, residual additions) or run by torch (max pooling)."""
 
 
 # --------------------------------------------------------------------- the optimizer
-class _Optimizer:
+class _Optimizer(MultiNode):
     def __init__(self, graph: Graph, config: OptimizeConfig,
                  progress: Callable[[str, int, int], None] | None) -> None:
         self.graph = graph
@@ -117,6 +114,7 @@ class _Optimizer:
         """Each key above (:attr:`SubprogramKey.text`) as the value it names."""
         self.torch_originals: set[str] = set()
         """Nodes whose original operator runs PyTorch's implementation when kept."""
+        self.budget = Budget(config.total_budget, config.time_budget, current().search_clock)
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -129,6 +127,9 @@ class _Optimizer:
         chains = {c.sink.name: c for c in contraction_chains(self.graph)
                   if self.config.fuse_chains and self.config.derivation
                   and not any(c.sink in g for g in groups.values())}
+        if self.config.derivation:
+            self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
+                             self.config, self.constants, self.cache)
         for node in self.graph.nodes:
             if node.name in placed:
                 done += 1
@@ -138,7 +139,7 @@ class _Optimizer:
                 if self.progress:
                     self.progress(node.name, done, total)
                 done += 1
-                group = groups.get(node.name)
+                group = None if self.budget.out_of_time() else groups.get(node.name)
                 merged = None if group is None else self.sibling_group(group, decided)
                 if group is not None and merged is not None:
                     kernels += merged
@@ -147,7 +148,7 @@ class _Optimizer:
                 chosen = decided.pop(node.name, None) or self.compute_node(node)
             else:
                 chosen = self.other_node(node)
-            chain = chains.get(node.name)
+            chain = None if self.budget.out_of_time() else chains.get(node.name)
             fused = None if chain is None else self.fused_chain(chain, chosen, kernels, start)
             if fused is not None:
                 kernels += fused
@@ -161,64 +162,11 @@ class _Optimizer:
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
         return Program(inputs, tuple(self.graph.outputs), kernels, self.constants)
 
-    def sibling_group(self, group: tuple[Node, ...], decided: dict[str, list[Kernel]]
-                      ) -> list[Kernel] | None:
-        """Decide the members alone (into ``decided``), then merged (:mod:`~ollie.optimizer.
-        region`): the merged kernels when faster, else None (each keeps its own decision)."""
-        start = len(self.report)
-        decided.update((n.name, self.compute_node(n)) for n in group)
-        try:
-            merged = merge_siblings(self.graph, group, [decided[n.name] for n in group],
-                                    self.constants, self.config, self.cache, self.rng,
-                                    frozenset(self.channels_last), self.merged)
-        except Exception as exc:  # never lose the model to one subprogram
-            self.note(f"siblings {', '.join(n.name for n in group)}: not merged ({_cause(exc)})")
-            return None
-        self.notes += [merged.note] if merged is not None else []
-        if merged is None or merged.outcome.kernels is None:
-            return None
-        for n in group:
-            del decided[n.name]
-            self.rewrite_keys.pop(n.name, None)
-            self.alternatives.pop(n.name, None)
-            self.track_layout(n, merged.kernels)
-        self.report[start:] = [merged.report]
-        self.parts.append(Part(group, merged.key, merged.kernels))
-        return merged.kernels
-
-    def fused_chain(self, chain: Chain, chosen: list[Kernel], kernels: list[Kernel],
-                    start: int) -> list[Kernel] | None:
-        """The chain's fused kernels when kept (:func:`~ollie.optimizer.chains.splice`)."""
-        try:
-            fused = fuse_chain(self.graph, chain, chain_baseline(chain, self.parts, chosen),
-                               self.constants, self.config, self.cache, self.rng, self.chained)
-        except Exception as exc:  # never lose the model to one subprogram
-            self.note(f"chain at {chain.sink.name}: not fused ({_cause(exc)})")
-            return None
-        self.notes += [fused.note] if fused is not None else []
-        if fused is None or fused.outcome.kernels is None:
-            return None
-        self.rewrite_keys.pop(chain.sink.name, None)
-        self.alternatives.pop(chain.sink.name, None)
-        self.parts = splice(fused, chain, self.parts, kernels, self.report, start)
-        return fused.kernels
-
     def track_layout(self, node: Node, chosen: list[Kernel]) -> None:
-        """Record whether ``node``'s output will likely be channels-last when the program runs
-        on the CPU, given the kernels chosen for it: a convolution kept as it is or run as a
-        library ``Conv`` kernel (oneDNN's packed convolutions write channels-last), or an
-        operator of :data:`PASS_LAYOUT_OPS` reading such a tensor. Later subprograms reading
-        it are measured with it channels-last."""
-        out = node.outputs[0]
-        if self.config.device != "cpu" or len(self.graph.shape(out)) != 4 or not chosen:
-            return
-        if node.op in CHANNELS_LAST_OPS:
-            likely = chosen[-1].kind in (KernelKind.NODE, KernelKind.CONV)
-        else:
-            likely = node.op in PASS_LAYOUT_OPS and \
-                any(n in self.channels_last for n in node.inputs)
-        if likely:
-            self.channels_last.add(out)
+        """Record whether ``node``'s output will likely be channels-last (:func:`~ollie.
+        optimizer.layout.likely_channels_last`): later subprograms reading it are measured so."""
+        if likely_channels_last(self.graph, node, chosen, self.channels_last, self.config.device):
+            self.channels_last.add(node.outputs[0])
 
     def node_kernel(self, node: Node) -> list[Kernel]:
         """The node run as it is (PyTorch's implementation where its selection says so)."""
@@ -250,10 +198,23 @@ class _Optimizer:
         if not self.config.derivation:  # OptimizeConfig.derivation off: the original operator
             return self.node_kernel(node)
         try:
+            return self.decide(node)
+        finally:
+            self.budget.decided(node.name)
+
+    def refused(self, node: Node, reason: str) -> list[Kernel]:
+        """``node`` kept as it is without a search, ``reason`` in its report."""
+        self.report.append(SubprogramReport(node.name, node.op, node.op, ORIGINAL, [], 0.0,
+                                            0.0, refused=reason))
+        return self.node_kernel(node)
+
+    def decide(self, node: Node) -> list[Kernel]:
+        """The kernels of compute node ``node``: a rewrite, or its original operator."""
+        try:
             low = self.graph.lower_node(node)
         except OllieError as exc:
             self.note(f"{node.describe()}: kept as is ({exc})")
-            return self.node_kernel(node)
+            return self.refused(node, "not lowered")
         self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
         expr, names = canonical_names(low.expr)
         weights = {canon: self.constants[orig] for orig, canon in names.items()
@@ -266,12 +227,16 @@ class _Optimizer:
         reused = key in self.memo
         if not reused:
             try:
-                self.memo[key] = self.search(node, expr, weights, cl)
+                found = self.search(node, expr, weights, cl)
             except Exception as exc:  # never lose the model to one subprogram
                 self.note(f"{node.describe()}: kept as is (its search failed: "
-                          f"{_cause(exc)})")
+                          f"{cause(exc)})")
                 log.debug("search of %s failed", node.describe(), exc_info=True)
-                return self.node_kernel(node)
+                return self.refused(node, "search failed")
+            if found is None:  # OptimizeConfig.total_budget spent, nothing decided before
+                self.budget.skipped.append(node.name)
+                return self.refused(node, TIME_BUDGET)
+            self.memo[key] = found
         out = self.memo[key]
         if out.original_library == TORCH:
             self.torch_originals.add(node.name)
@@ -334,21 +299,28 @@ class _Optimizer:
         return out
 
     def search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-               channels_last: frozenset[str] = frozenset()) -> Outcome:
+               channels_last: frozenset[str] = frozenset()) -> Outcome | None:
         """The decision for a subprogram: from the decision cache, or by search + selection
-        (inputs in ``channels_last`` measured as channels-last tensors)."""
+        (inputs in ``channels_last`` measured as channels-last tensors) for its share of the
+        total budget; None when that is spent (:mod:`ollie.optimizer.budget`)."""
         cfg = self.config
-        # "decision3": the key's version, bumped when what a decision holds changes
-        # (history: docs/design/010-caches.md)
-        key = (f"decision3|{fingerprint(expr)}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
-               f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
-               f"{layout_key(channels_last)}")
-        if self.cache is not None:
-            doc = self.cache.get_decision(key)
+        fp = fingerprint(expr)
+        keys = [decision_key(cfg, fp, channels_last, partial)
+                for partial in ((False, True) if self.budget.bounded else (False,))]
+        for key in keys:
+            doc = None if self.cache is None else self.cache.get_decision(key)
             cached = None if doc is None else cached_outcome(doc, expr, weights)
             if cached is not None:
                 return cached
-        out = self._search(node, expr, weights, channels_last)
+        share = self.budget.share()
+        if share is None:
+            return None
+        t0 = self.budget.clock()
+        out = self._search(node, expr, weights, channels_last, share)
+        self.budget.searched(share, self.budget.clock() - t0)
+        log.info("%s: searched for %.1f s, decided in %.1f s; %.1f s of the total budget left",
+                 node.describe(), share, self.budget.clock() - t0, self.budget.left())
+        key = keys[share < cfg.time_budget]  # a shorter search: kept apart
         if out.unconfirmed:
             self.note(f"{node.describe()}: measured under load; not cached")
         elif self.cache is not None:
@@ -359,18 +331,21 @@ class _Optimizer:
         return out
 
     def _search(self, node: Node, expr: Expr, weights: Mapping[str, np.ndarray],
-                channels_last: frozenset[str]) -> Outcome:
+                channels_last: frozenset[str], time_budget: float) -> Outcome:
         cfg = self.config
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
-            res = derive(expr, max_depth=cfg.max_depth, time_budget=cfg.time_budget,
+            res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget,
                          config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
                                              roofline=machine_roofline(cfg.device, self.cache)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
+            # under a total budget, measured for at most the search's share
+            short: dict[str, Any] = {"max_seconds": max(time_budget, MIN_SHARE)} \
+                if self.budget.bounded else {}
             sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
                          cfg.device, self.cache, limit=cfg.max_candidates,
-                         channels_last=channels_last, eager=eager_runner(*args))
+                         channels_last=channels_last, eager=eager_runner(*args), **short)
         best = sel.best
         kept = best if best.program is None else sel.original  # the original, if it is kept
         ncand = res.stats["candidates"]
@@ -389,16 +364,6 @@ class _Optimizer:
         return replace(out, eager_s=sel.eager.seconds if sel.eager else None,
                        original_library=TORCH if kept is sel.eager else None,
                        unconfirmed=sel.unconfirmed)
-
-    def note(self, text: str) -> None:
-        log.warning(text)
-        self.notes.append(text)
-
-
-def _cause(exc: BaseException) -> str:
-    """``exc`` in one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 class InternalError(OllieError):
@@ -440,7 +405,7 @@ def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None
     except OllieError:
         raise
     except Exception as exc:
-        raise InternalError(f"optimize failed unexpectedly ({_cause(exc)}); the model itself "
+        raise InternalError(f"optimize failed unexpectedly ({cause(exc)}); the model itself "
                             "is unchanged. Please report this with the model") from exc
     finally:
         release_caches()
@@ -455,12 +420,14 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     raw = opt.run()
     prog = postprocess(raw)
     notes = [*opt.notes, describe_postprocess(raw, prog)]
+    budget = opt.budget
     rewritten = any(r.chosen != ORIGINAL for r in opt.report)
     originals = postprocess(opt.assemble(frozenset())) if rewritten else None
     if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms: new code
         precompile_programs([p for p in (prog, originals) if p is not None])
     ref = reference(graph, cfg, notes, example_inputs)
-    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref)
+    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref,
+                                    timed=not budget.out_of_time())
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
@@ -474,12 +441,13 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = decision.choice if decision is not None else PER_OPERATOR
+        timed = not budget.out_of_time()
         try:
             refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                    cfg.device, cfg.settle)
+                                    cfg.device, cfg.settle, timed=timed)
         except Exception as exc:  # optional: the checked program stays
-            notes.append(f"program context step skipped: {_cause(exc)}")
-            log.warning("program context step skipped: %s", _cause(exc))
+            notes.append(f"program context step skipped: {cause(exc)}")
+            log.warning("program context step skipped: %s", cause(exc))
             refined = None
         if refined is not None and refined.on != start and \
                 confirm(refined.program, ref, cfg, "program context step's", notes) is None:
@@ -493,6 +461,10 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
                 if g.alternative and g.key in refined.on for n in g.nodes})
         if refined is not None:
             notes.append(f"{refined.note}; {time.perf_counter() - t1:.1f} s")
+        elif not timed:
+            notes.append("program context step skipped: the total time budget ran out "
+                         "and no choice was cached")
+    notes += [budget.describe()] if budget.bounded else []
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device)
 

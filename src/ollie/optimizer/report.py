@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -34,7 +34,9 @@ class SubprogramReport:
     faster alone, and the context step kept this rewrite (``chosen``, ``optimized_ms`` its
     time alone) because the whole program was faster with it. ``eager_ms``: the original
     operator's time as the framework runs it (PyTorch), None when not measured (a report
-    saved before it was)."""
+    saved before it was). ``refused``: why the subprogram kept its original operator without
+    a search and without times (``"time budget"``: the total budget ran out; ``"not
+    lowered"``: it has no expression; ``"search failed"``), else None."""
 
     node: str
     op: str
@@ -51,6 +53,7 @@ class SubprogramReport:
     nodes: list[str] = field(default_factory=list)
     """The graph nodes this subprogram covers: ``[node]``, or a merged sibling group's members
     (:mod:`ollie.optimizer.region`), ``node`` the first."""
+    refused: str | None = None
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -99,6 +102,10 @@ class OptimizedModel:
         for r in self.report:
             sp = r.original_ms / r.optimized_ms if r.optimized_ms else float("nan")
             more = f"+{len(r.nodes) - 1}" if len(r.nodes) > 1 else ""
+            if r.refused is not None:
+                lines.append(f"{(r.node + more + ' ' + r.op)[:24]:24} {'-':>10} {'-':>10} "
+                             f"{'-':>8}  {r.chosen} (not searched: {r.refused})")
+                continue
             lines.append(f"{(r.node + more + ' ' + r.op)[:24]:24} {r.original_ms:9.3f}ms "
                          f"{r.optimized_ms:9.3f}ms {sp:7.2f}x  {r.chosen}"
                          + (f" (eager {r.eager_ms:.3f}ms)" if r.eager_ms is not None else "")
@@ -108,6 +115,12 @@ class OptimizedModel:
                          + (f" (derived {r.not_kept['program']}, {r.not_kept['ms']:.3f}ms "
                             "alone: not kept)" if r.not_kept else "")
                          + (f" [nodes: {', '.join(r.nodes)}]" if len(r.nodes) > 1 else ""))
+        counts = tally(self.report)
+        if counts["refused"]:
+            lines.append(f"subprograms: {counts['derived']} derived, {counts['original']} kept "
+                         f"their original operator, {counts['refused']} not searched ("
+                         + ", ".join(f"{why}: {n}" for why, n in counts["reasons"].items())
+                         + ")")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -191,7 +204,24 @@ def _report_entry(doc: object) -> SubprogramReport:
             raise ValueError(f"report field '{name}' must be a number")
     if entry.eager_ms is not None and not isinstance(entry.eager_ms, (int, float)):
         raise ValueError("report field 'eager_ms' must be a number or null")
+    if entry.refused is not None and not isinstance(entry.refused, str):
+        raise ValueError("report field 'refused' must be text or null")
     return entry
+
+
+def tally(report: Iterable[SubprogramReport]) -> dict:
+    """How many subprograms of ``report`` were ``derived`` (run a rewrite), kept their
+    ``original`` operator after a search (no rewrite faster, or not kept in the whole program),
+    or were ``refused`` a search (:attr:`SubprogramReport.refused`), with the ``reasons`` of
+    the refusals counted (``{"time budget": 2}``). A merged group of operators counts once."""
+    out: dict = {"derived": 0, "original": 0, "refused": 0, "reasons": {}}
+    for r in report:
+        if r.refused is not None:
+            out["refused"] += 1
+            out["reasons"][r.refused] = out["reasons"].get(r.refused, 0) + 1
+        else:
+            out["derived" if r.chosen != ORIGINAL else "original"] += 1
+    return out
 
 
 def unpinned_kernels(prog: Program) -> list[str]:
@@ -244,4 +274,4 @@ def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, Alter
 
 
 __all__ = ["Alternative", "OptimizedModel", "SubprogramReport", "kept_originals", "load",
-           "switched_on", "unpinned_kernels"]
+           "switched_on", "tally", "unpinned_kernels"]
