@@ -9,8 +9,9 @@ a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests 
 ``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
 every ``make test`` that their outcome does not depend on how busy the machine is.
 
-Every test sees a quiet machine (``Settings.load`` 0, :func:`_quiet_machine`), so whether a
-choice is re-measured before it is cached does not depend on the machine's real load.
+Every test, and every fixture wider than one test, sees a quiet machine (``Settings.load`` 0,
+:func:`_quiet_machine`, :func:`pytest_fixture_setup`), so whether a choice is re-measured
+before it is cached does not depend on the machine's real load.
 
 A test that needs other settings of Ollie (a cache directory of its own, compiling ahead off,
 Triton's interpreter, a clock or a sleep that only records) changes them with
@@ -95,6 +96,17 @@ def _timing_under_load(request: pytest.FixtureRequest) -> None:
     """Tests marked ``timing`` get :func:`cpu_hog`."""
     if request.node.get_closest_marker("timing") is not None:
         request.getfixturevalue("cpu_hog")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    """Fixtures of a wider scope than one test (a module's optimised model) are set up on a
+    quiet machine too: they are made before :func:`_quiet_machine` applies to the first test
+    that uses them."""
+    if fixturedef.scope == "function":
+        return (yield)
+    with using(load=lambda: 0.0):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

@@ -48,6 +48,7 @@ from ollie.ir import (
     var,
 )
 from ollie.ir.exprprogram import ExprProgram
+from ollie.ir.nodes import FUNC_ARITY
 from ollie.rules.base import fresh_name
 from ollie.rules.inter import expression_fusion, expression_splitting, merge_expressions
 
@@ -68,8 +69,8 @@ MAX_FUSED_DEPTH = 60
 one), well within the parser's ``MAX_DEPTH`` so the printed program parses again and the
 later stages' recursion stays bounded."""
 
-RESERVED = frozenset({"L", "Sum", "relu", "tanh", "sigmoid", "exp", "log", "sqrt", "abs",
-                      "max", "min"})
+RESERVED = frozenset({"L", "Sum", *FUNC_ARITY})
+"""Names of the expression syntax no tensor may take (new def names avoid them)."""
 
 
 @dataclass(frozen=True, slots=True)
