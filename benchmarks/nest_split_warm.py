@@ -13,11 +13,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tempfile
-import timeit
-from math import prod
 from pathlib import Path
 
-import numpy as np
+from kernel_pair import time_pair
 
 from ollie.codegen.cache import load_path
 from ollie.ir import parse
@@ -41,20 +39,7 @@ def compare(kernel: Path, tmp: Path) -> str:
     split_path.write_text(text)
     whole, split = _whole(whole_path), load_path(split_path, tmp)
     expr = parse("\n".join(ln[4:] for ln in text.split('"""')[1].splitlines()[2:]))
-    rng = np.random.default_rng(0)
-    decls = dict(expr.decls)
-    flat = [rng.standard_normal(prod(decls[n]), dtype=np.float32) for n in whole.INPUTS]
-    a, b = np.empty(prod(expr.shape), np.float32), np.empty(prod(expr.shape), np.float32)
-    whole.run(*flat, a)
-    split.run(*flat, b)
-    same = np.array_equal(a, b, equal_nan=True)
-    fns = {"whole": lambda: whole.run(*flat, a), "split": lambda: split.run(*flat, a)}
-    calls = max(1, int(2e-3 / max(1e-7, timeit.timeit(fns["whole"], number=3) / 3)))
-    best = dict.fromkeys(fns, float("inf"))
-    for k in range(7):
-        for name in (("whole", "split") if k % 2 == 0 else ("split", "whole")):
-            t = min(timeit.repeat(fns[name], number=calls, repeat=5)) / calls
-            best[name] = min(best[name], t)
+    best, same = time_pair(expr, ("whole", whole), ("split", split))
     return (f"{kernel.name[:22]} out={list(expr.shape)} whole {best['whole'] * 1e6:.1f} us "
             f"split {best['split'] * 1e6:.1f} us ratio {best['split'] / best['whole']:.3f} "
             f"bit-identical={same}")

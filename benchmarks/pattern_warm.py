@@ -14,11 +14,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tempfile
-import timeit
-from math import prod
 from pathlib import Path
 
-import numpy as np
+from kernel_pair import time_pair
 
 from ollie.codegen.cpu import configure_numba, generate_source, source_forms
 from ollie.ir import parse
@@ -68,20 +66,7 @@ def compare(name: str, form: str, tmp: Path) -> str:
                     tmp / f"lit_{name.replace('-', '_')}_{form}.py")
     argument = _load(generate_source(expr, form=form),
                      tmp / f"arg_{name.replace('-', '_')}_{form}.py")
-    rng = np.random.default_rng(0)
-    decls = dict(expr.decls)
-    flat = [rng.standard_normal(prod(decls[n]), dtype=np.float32) for n in literal.INPUTS]
-    a, b = np.empty(prod(expr.shape), np.float32), np.empty(prod(expr.shape), np.float32)
-    literal.run(*flat, a)
-    argument.run(*flat, b)
-    same = np.array_equal(a, b, equal_nan=True)
-    fns = {"literal": lambda: literal.run(*flat, a), "argument": lambda: argument.run(*flat, a)}
-    calls = max(1, int(2e-3 / max(1e-7, timeit.timeit(fns["literal"], number=3) / 3)))
-    best = dict.fromkeys(fns, float("inf"))
-    for k in range(7):
-        for key in (("literal", "argument") if k % 2 == 0 else ("argument", "literal")):
-            t = min(timeit.repeat(fns[key], number=calls, repeat=5)) / calls
-            best[key] = min(best[key], t)
+    best, same = time_pair(expr, ("literal", literal), ("argument", argument))
     return (f"| {name} | {form} | {list(expr.shape)} | {best['literal'] * 1e6:.1f} | "
             f"{best['argument'] * 1e6:.1f} | {best['argument'] / best['literal']:.3f} | "
             f"{same} |")

@@ -129,3 +129,33 @@ def ollie_settings() -> Iterator[Callable[..., Settings]]:
     it ends; returns the settings in effect."""
     with contextlib.ExitStack() as stack:
         yield lambda **changes: stack.enter_context(using(**changes))
+
+
+@pytest.fixture
+def optimize_cli_kwargs(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], dict]:
+    """``kwargs(argv)``: the keyword arguments ``ollie`` ``argv`` (an ``optimize`` command
+    line) passes to :func:`ollie.optimizer.model.optimize`, which is replaced so that nothing
+    is loaded or optimised."""
+    from ollie.cli import build_parser
+    from ollie.commands import optimize as command
+    from ollie.optimizer import model as optimizer_model
+
+    class Stop(Exception):
+        pass
+
+    seen: dict = {}
+
+    def fake(model: object, inputs: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(optimizer_model, "optimize", fake)
+    monkeypatch.setattr(command, "load_model", lambda spec, batch: (None, None, "m"))
+
+    def kwargs(argv: list[str]) -> dict:
+        seen.clear()
+        with pytest.raises(Stop):
+            command.run(build_parser().parse_args(argv))
+        return dict(seen)
+
+    return kwargs

@@ -7,14 +7,13 @@ from __future__ import annotations
 import logging
 import sys
 
-import numpy as np
 import pytest
 
 import ollie
 from ollie.codegen import cpu
 from ollie.codegen.cpu import compile_cpu, generate_source
 from ollie.codegen.nests import NEST_DIR, split_module
-from ollie.semantics import random_inputs
+from ollie.testing.kernels import assert_agrees, nest_functions
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +34,6 @@ TWO_NESTS = """
 """
 """A materialised scope: two nests."""
 
-
-def _agrees(kernel, expr, seed: int) -> None:
-    inputs = random_inputs(expr, seed=seed)
-    np.testing.assert_allclose(kernel(inputs), ollie.interpret(expr, inputs), rtol=1e-5,
-                               atol=1e-5)
-
-
-def _nests(kernel) -> list:
-    return [f for f in vars(kernel.module).values() if hasattr(f, "stats")]
 
 
 def test_a_split_module_keeps_run_and_moves_every_function():
@@ -67,25 +57,25 @@ def test_kernels_that_hold_the_same_nest_share_one_compiled_function(tmp_path):
     k1 = compile_cpu(first, cache_dir=tmp_path)
     k2 = compile_cpu(second, cache_dir=tmp_path)
     assert k1.path != k2.path  # two kernel modules ...
-    assert _nests(k1) == _nests(k2)  # ... one nest, compiled once
+    assert nest_functions(k1) == nest_functions(k2)  # ... one nest, compiled once
     assert len(list((tmp_path / NEST_DIR).glob("nest_*.py"))) == 1
-    (nest,) = _nests(k1)
+    (nest,) = nest_functions(k1)
     assert sum(nest.stats.cache_hits.values()) + sum(nest.stats.cache_misses.values()) == 1
-    _agrees(k1, first, 0)
-    _agrees(k2, second, 1)
+    assert_agrees(k1, first, 0)
+    assert_agrees(k2, second, 1)
 
 
 def test_a_kernel_of_several_nests_matches_the_interpreter_and_reloads(tmp_path):
     expr = ollie.parse(TWO_NESTS)
-    _agrees(compile_cpu(expr, cache_dir=tmp_path), expr, 2)
+    assert_agrees(compile_cpu(expr, cache_dir=tmp_path), expr, 2)
     cpu._KERNELS.clear()
     for name in [m for m in sys.modules if m.startswith("ollie_kernels.")]:
         del sys.modules[name]  # as in a new process
     kernel = compile_cpu(expr, cache_dir=tmp_path)
-    assert kernel.from_disk and len(_nests(kernel)) == 2
+    assert kernel.from_disk and len(nest_functions(kernel)) == 2
     assert all(sum(f.stats.cache_hits.values()) == 1 and not sum(f.stats.cache_misses.values())
-               for f in _nests(kernel))  # numba's cached code, not compiled again
-    _agrees(kernel, expr, 3)
+               for f in nest_functions(kernel))  # numba's cached code, not compiled again
+    assert_agrees(kernel, expr, 3)
 
 
 def test_a_line_planted_in_a_nest_module_never_runs(tmp_path, caplog):
@@ -102,4 +92,4 @@ def test_a_line_planted_in_a_nest_module_never_runs(tmp_path, caplog):
     assert not marker.exists()
     assert "does not hold the text named by its digest" in caplog.text
     assert "open(" not in path.read_text()
-    _agrees(kernel, e, 4)
+    assert_agrees(kernel, e, 4)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +19,7 @@ from ollie.codegen.nests import NEST_DIR, split_module
 from ollie.codegen.pattern import MAX_ITEMS, magic, parametrise, parametrise_module
 from ollie.codegen.plan import make_plan
 from ollie.codegen.residue import split_residues
-from ollie.semantics import random_inputs
+from ollie.testing.kernels import assert_agrees, nest_functions
 
 
 @pytest.fixture(autouse=True)
@@ -30,15 +29,6 @@ def _fresh(monkeypatch):
     for name in [m for m in sys.modules if m.startswith("ollie_kernels.")]:
         monkeypatch.delitem(sys.modules, name)
 
-
-def _agrees(kernel, expr, seed: int) -> None:
-    inputs = random_inputs(expr, seed=seed)
-    np.testing.assert_allclose(kernel(inputs), ollie.interpret(expr, inputs), rtol=1e-5,
-                               atol=1e-5)
-
-
-def _nests(kernel) -> list:
-    return [f for f in vars(kernel.module).values() if hasattr(f, "stats")]
 
 
 def _compiles(functions) -> int:
@@ -64,23 +54,23 @@ def test_expressions_equal_up_to_outer_sizes_share_one_compiled_function(tmp_pat
     e1, e2 = (ollie.parse(template.format(**sizes)) for sizes in (first, second))
     k1, k2 = compile_cpu(e1, cache_dir=tmp_path), compile_cpu(e2, cache_dir=tmp_path)
     assert k1.path != k2.path  # two kernel modules (their sizes) ...
-    assert _nests(k1) == _nests(k2)  # ... one function, compiled once
-    assert _compiles(_nests(k1)) == 1
+    assert nest_functions(k1) == nest_functions(k2)  # ... one function, compiled once
+    assert _compiles(nest_functions(k1)) == 1
     assert len(list((tmp_path / NEST_DIR).glob("nest_*.py"))) == 1
     parallel = "prange(" in k1.source
     assert parallel == (template == OFFSET_ADD)
-    _agrees(k1, e1, 0)
-    _agrees(k2, e2, 1)
+    assert_agrees(k1, e1, 0)
+    assert_agrees(k2, e2, 1)
 
 
 def test_kernels_whose_inner_extent_differs_do_not_share(tmp_path):
     e1, e2 = (ollie.parse(BIAS_RELU.format(n=2, c=16, w=w)) for w in (7, 9))
     k1, k2 = compile_cpu(e1, cache_dir=tmp_path), compile_cpu(e2, cache_dir=tmp_path)
-    assert set(_nests(k1)).isdisjoint(_nests(k2))
+    assert set(nest_functions(k1)).isdisjoint(nest_functions(k2))
     assert len(list((tmp_path / NEST_DIR).glob("nest_*.py"))) == 2
     assert "range(0, 7)" in k1.source and "range(0, 9)" in k2.source
-    _agrees(k1, e1, 2)
-    _agrees(k2, e2, 3)
+    assert_agrees(k1, e1, 2)
+    assert_agrees(k2, e2, 3)
 
 
 def test_a_window_that_differs_keeps_kernels_apart():

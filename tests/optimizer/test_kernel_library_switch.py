@@ -13,7 +13,6 @@ import torch
 import ollie
 from ollie.cli import build_parser
 from ollie.graph import COMPUTE_OPS
-from ollie.optimizer import model as optimizer_model
 from ollie.optimizer.model import to_graph
 from ollie.policy import ALL, HAND_WRITTEN, VENDOR_ONLY
 from ollie.program.params import KernelKind, NodeParams
@@ -102,27 +101,14 @@ def test_without_derivation_every_compute_operator_stays_original():
     assert _error(model, opt) < 1e-3
 
 
-def test_cli_flags_reach_optimize(monkeypatch):
+def test_cli_flags_reach_optimize(optimize_cli_kwargs):
     args = build_parser().parse_args(["optimize", "zoo:srcnn"])
     assert args.kernel_library and args.derivation
     args = build_parser().parse_args(["optimize", "zoo:srcnn", "--no-kernel-library",
                                       "--no-derivation"])
     assert not args.kernel_library and not args.derivation
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake(model, inputs, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    from ollie.commands import optimize as command
-
-    monkeypatch.setattr(optimizer_model, "optimize", fake)
-    monkeypatch.setattr(command, "load_model", lambda spec, batch: (None, None, "m"))
-    with pytest.raises(Stop):
-        command.run(args)
+    seen = optimize_cli_kwargs(["optimize", "zoo:srcnn", "--no-kernel-library",
+                                "--no-derivation"])
     assert seen["kernel_library"] is False and seen["derivation"] is False
 
 

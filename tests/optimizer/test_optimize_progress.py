@@ -45,29 +45,11 @@ def test_the_bar_shows_subprograms_elapsed_and_eta_on_a_terminal_only():
     assert pipe.getvalue() == ""
 
 
-def test_optimize_flags_are_the_total_and_the_per_subprogram_budget(monkeypatch):
-    from ollie.commands import optimize as command
-    from ollie.optimizer import model as optimizer_model
-
-    seen: dict = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake(model, inputs, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(optimizer_model, "optimize", fake)
-    monkeypatch.setattr(command, "load_model", lambda spec, batch: (None, None, "m"))
-    args = build_parser().parse_args(["optimize", "zoo:srcnn", "--time-budget", "20",
-                                      "--subprogram-budget", "5"])
-    with pytest.raises(Stop):
-        command.run(args)
+def test_optimize_flags_are_the_total_and_the_per_subprogram_budget(optimize_cli_kwargs):
+    seen = optimize_cli_kwargs(["optimize", "zoo:srcnn", "--time-budget", "20",
+                                "--subprogram-budget", "5"])
     assert seen["total_budget"] == 20.0 and seen["time_budget"] == 5.0
-    args = build_parser().parse_args(["optimize", "zoo:srcnn"])
-    with pytest.raises(Stop):
-        command.run(args)
+    seen = optimize_cli_kwargs(["optimize", "zoo:srcnn"])
     assert seen["total_budget"] is None and seen["time_budget"] == 30.0
 
 
