@@ -5,6 +5,8 @@ own input is refused."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -45,6 +47,16 @@ def test_in_place_residual_is_dataflow() -> None:
     counts = check(Residual(), torch.randn(1, 4, 6, 6))
     assert not any(op.startswith("Opaque") for op in counts), counts
     assert counts["Conv2d"] == 2 and counts["Add"] == 1 and counts["Relu"] == 2
+
+
+def test_functionalisation_shows_no_torch_deprecation_warning() -> None:
+    """torch's copy of the exported program warns about its own ``LeafSpec``; users never see
+    it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_torch(Residual().eval(), (torch.randn(1, 4, 6, 6),))
+    assert not [w for w in caught if "LeafSpec" in str(w.message)], \
+        [str(w.message) for w in caught]
 
 
 class ViewWrite(nn.Module):

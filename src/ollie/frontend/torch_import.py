@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,9 +100,14 @@ def _functional(ep: torch.export.ExportedProgram, name: str) -> torch.export.Exp
     (``run_decompositions({})``, which decomposes nothing else) replaces each write into a
     tensor, and into every view aliasing it, by a new tensor, which the graph's dataflow then
     models. A module that writes into one of its inputs or buffers (a side effect an optimised
-    program does not reproduce) raises :class:`UnsupportedError`."""
+    program does not reproduce) raises :class:`UnsupportedError`. The deprecation warning
+    torch's own copy of the program's tree specs raises inside ``run_decompositions`` (about
+    ``LeafSpec``; nothing the caller can act on) is not shown."""
     try:
-        ep = ep.run_decompositions({})
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec",
+                                    category=FutureWarning)
+            ep = ep.run_decompositions({})
     except Exception as e:
         raise UnsupportedError(f"module {name}: in-place operators could not be made "
                                f"functional ({_line(e)})") from e
