@@ -132,26 +132,49 @@ def region_of(graph: Graph, nodes: Sequence[Node]) -> Region:
     return Region(ordered, tuple(inputs), outputs)
 
 
-def partition(graph: Graph, limits: RegionLimits | None = None) -> list[Item]:
-    """Cut ``graph`` into linear regions (see the module docstring).
+def partition(graph: Graph, limits: RegionLimits | None = None,
+              boundaries: Container[str] = ()) -> list[Item]:
+    """Cut ``graph`` into linear regions (see the module docstring); the nodes named in
+    ``boundaries`` are treated as boundaries (subprograms decided otherwise).
 
     Returns every node of ``graph`` exactly once, inside a :class:`Region` (one that holds a
     compute operator) or as itself, in a topological order of the items: each item reads only
     graph inputs, initializers and outputs of earlier items."""
-    return _Partitioner(graph, limits or RegionLimits()).run()
+    return _Partitioner(graph, limits or RegionLimits(), boundaries).run()
+
+
+def placeable_regions(graph: Graph, min_compute: int = 2, limits: RegionLimits | None = None,
+                      boundaries: Container[str] = ()) -> list[Region]:
+    """The regions of :func:`partition` (with ``boundaries``) holding at least
+    ``min_compute`` compute operators that can run at their last node's place in the graph's
+    node order: every node outside the region reading one of its outputs comes after that
+    node (every input of the region is produced before it in any case)."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    out = []
+    for item in partition(graph, limits, boundaries):
+        if not isinstance(item, Region) or item.compute < min_compute:
+            continue
+        last = max(order[n.name] for n in item.nodes)
+        inside = {n.name for n in item.nodes}
+        outputs = set(item.outputs)
+        if all(order[n.name] > last for n in graph.nodes
+               if n.name not in inside and outputs.intersection(n.inputs)):
+            out.append(item)
+    return out
 
 
 class _Partitioner:
     """The state of one :func:`partition` run. Nodes are indices into ``graph.nodes``; sets of
     nodes are int bitsets (bit ``i`` for node ``i``)."""
 
-    def __init__(self, graph: Graph, limits: RegionLimits) -> None:
+    def __init__(self, graph: Graph, limits: RegionLimits, boundaries: Container[str]) -> None:
         self.graph = graph
         self.limits = limits
         self.nodes = graph.nodes
         n = len(self.nodes)
         self.const = constant_tensors(graph)
-        self.linear = [is_linear(node, self.const) for node in self.nodes]
+        self.linear = [is_linear(node, self.const) and node.name not in boundaries
+                       for node in self.nodes]
         self.compute = [node.op in COMPUTE_OPS for node in self.nodes]
         self.producer: dict[str, int] = {}
         self.readers: dict[str, list[int]] = {}
