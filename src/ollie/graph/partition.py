@@ -143,24 +143,17 @@ def partition(graph: Graph, limits: RegionLimits | None = None,
     return _Partitioner(graph, limits or RegionLimits(), boundaries).run()
 
 
-def placeable_regions(graph: Graph, min_compute: int = 2, limits: RegionLimits | None = None,
-                      boundaries: Container[str] = ()) -> list[Region]:
-    """The regions of :func:`partition` (with ``boundaries``) holding at least
-    ``min_compute`` compute operators that can run at their last node's place in the graph's
-    node order: every node outside the region reading one of its outputs comes after that
-    node (every input of the region is produced before it in any case)."""
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
-    out = []
-    for item in partition(graph, limits, boundaries):
-        if not isinstance(item, Region) or item.compute < min_compute:
-            continue
-        last = max(order[n.name] for n in item.nodes)
-        inside = {n.name for n in item.nodes}
-        outputs = set(item.outputs)
-        if all(order[n.name] > last for n in graph.nodes
-               if n.name not in inside and outputs.intersection(n.inputs)):
-            out.append(item)
-    return out
+def multi_compute(items: Sequence[Item], min_compute: int = 2) -> list[Region]:
+    """The regions among ``items`` holding at least ``min_compute`` compute operators: those
+    the optimiser derives as one subprogram."""
+    return [it for it in items if isinstance(it, Region) and it.compute >= min_compute]
+
+
+def node_order(items: Sequence[Item]) -> list[Node]:
+    """The nodes of ``items`` (a :func:`partition`) item by item, each region's in graph
+    order: a topological order of the graph in which every region's nodes are contiguous,
+    so a region can run in the place of its last node."""
+    return [n for it in items for n in (it.nodes if isinstance(it, Region) else (it,))]
 
 
 class _Partitioner:

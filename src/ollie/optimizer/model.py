@@ -35,7 +35,7 @@ from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.chains import contraction_chains
-from ollie.graph.partition import placeable_regions
+from ollie.graph.partition import multi_compute, node_order, partition
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
@@ -133,13 +133,13 @@ class _Optimizer(MultiNode):
                   and not any(c.sink in g for g in groups.values())}
         taken = {n.name for g in (*groups.values(), *(c.nodes for c in chains.values()))
                  for n in g}
-        regions = {r.nodes[-1].name: r for r in placeable_regions(self.graph, MIN_COMPUTE,
-                                                                  boundaries=taken)
-                   if self.config.derive_regions and self.config.derivation}
+        items = partition(self.graph, boundaries=taken) \
+            if self.config.derive_regions and self.config.derivation else []
+        regions = {r.nodes[-1].name: r for r in multi_compute(items, MIN_COMPUTE)}
         if self.config.derivation:
             self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
                              self.config, self.constants, self.cache)
-        for node in self.graph.nodes:
+        for node in node_order(items) if regions else self.graph.nodes:
             if node.name in placed:
                 done += 1
                 continue
