@@ -8,8 +8,8 @@ their sum):
 
 1. its nodes are lowered into an :class:`~ollie.ir.exprprogram.ExprProgram` over the
    region's inputs and constants (renamed canonically, ``x<i>`` and ``y<i>``), its Sum-free
-   defs (bias and folded-BatchNorm adds, layout) fused into their readers
-   (:func:`~ollie.rules.inter_program.normalize_program`);
+   defs (bias and folded-BatchNorm adds, layout) fused into their readers unless they are
+   region outputs (:func:`normalized`);
 2. one step of the program rules (:data:`~ollie.rules.inter_program.PROGRAM_RULES`: merging,
    with its sum mode, then fusion and splitting; inside
    :func:`~ollie.rules.base.assume_finite_inputs`, see docs/design/026-finite-inputs.md)
@@ -60,7 +60,7 @@ from ollie.program.kernel import Kernel
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError, kernel_from_json, kernel_to_json
 from ollie.rules.base import assume_finite_inputs
-from ollie.rules.inter_program import apply_program_rules, has_sum, inline_def, normalize_program
+from ollie.rules.inter_program import apply_program_rules, has_sum, inline_def
 from ollie.rules.inter_sum import MAX_SUM_GROWTH, program_work, reduction_points
 from ollie.search import SearchConfig, derive
 from ollie.search.candidate import Candidate, Step, program_key
@@ -184,16 +184,32 @@ def output_exprs(ep: ExprProgram) -> dict[str, Expr]:
     return {o: defs[o] for o in ep.outputs}
 
 
+def normalized(ep: ExprProgram) -> ExprProgram:
+    """``ep`` with its Sum-free defs that are not outputs inlined into their readers
+    (:func:`~ollie.rules.inter_program.inline_def`; one past the fusion bounds stays): an
+    output is computed anyway, so its readers read it, and an adding output stays a def the
+    sum merge can rewrite."""
+    for name, _ in ep.defs:
+        expr = dict(ep.defs).get(name)
+        if expr is not None and name not in ep.outputs and not has_sum(expr.root) and \
+                ep.readers().get(name):
+            try:
+                ep = inline_def(ep, name)
+            except ExprError:
+                continue
+    return ep
+
+
 def derived_programs(ep: ExprProgram) -> list[tuple[ExprProgram, Step]]:
-    """One step of the program rules on the normalised ``ep`` (module docstring, step 2):
-    the derived programs, normalised, with the step that made each."""
-    norm = normalize_program(ep)
+    """One step of the program rules on the :func:`normalized` ``ep`` (module docstring,
+    step 2): the derived programs, normalised, with the step that made each."""
+    norm = normalized(ep)
     base = max(program_work(norm.defs, norm.outputs), 1)
     found = []
     with assume_finite_inputs():
         derived = apply_program_rules(norm, RULE_ORDER)
     for d in derived:
-        prog = normalize_program(d.program)
+        prog = normalized(d.program)
         work = program_work(prog.defs, prog.outputs)
         if work > MAX_SUM_GROWTH * base or any(_nested_sums(e.root) for _, e in prog.defs):
             continue
@@ -287,7 +303,7 @@ def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
                   rng.standard_normal(s).astype(np.float32)) for n, s in ep.inputs}
     alone = rename_kernels([k for n in region.nodes for k in individual[n.name]], names, "",
                            "", prefix="alone")
-    original = dict(normalize_program(ep).defs)
+    original = dict(normalized(ep).defs)
     own = {n: fingerprint(e) for n, e in original.items()}
     candidates: list[tuple[Candidate, Program]] = []
     ncand = 0
