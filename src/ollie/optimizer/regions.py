@@ -245,11 +245,15 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
     except ExprError as exc:
         log.info("region at %s not derived: %s", region.nodes[0].name, exc)
         return None
-    key = f"region|{program_fingerprint(ep)}"
-    reused = key in memo
     constants = {**constants, **consts}
     inverse = {v: k for k, v in names.items()}
     canon_consts = {c: constants[m] for c, m in inverse.items() if m in constants}
+    # constants the nodes' own decisions made keep their names, and name the decision
+    extra = {t: constants[t] for n in region.nodes for k in individual[n.name]
+             for t in k.inputs if t not in names and t in constants}
+    canon_consts.update(extra)
+    key = f"region|{program_fingerprint(ep)}" + (f"|{','.join(sorted(extra))}" if extra else "")
+    reused = key in memo
     if not reused:
         ckey = (f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
                 f"{config.max_depth}|budget{time_budget:g}|cands{config.max_candidates}")
@@ -421,10 +425,11 @@ def _note(region: Region, out: RegionOutcome) -> str:
     tried = "; ".join(out.programs) or "no derived program"
     found = ", ".join(f"{label} {s * 1e3:.3f} ms" for label, s in out.verified) or "none"
     if out.kernels is None:
-        why = ("measured under load and not confirmed; not cached" if out.unconfirmed else
-               "none faster with confidence")
-        return (f"{head}: derived [{tried}]; verified: {found}; {why} than its nodes alone "
-                f"({out.original_s * 1e3:.3f} ms): not kept")
+        why = ("measured under load and not confirmed: not kept, not cached" if
+               out.unconfirmed else "none faster with confidence than its nodes alone: "
+               "not kept")
+        return (f"{head}: derived [{tried}]; verified: {found}; nodes alone "
+                f"{out.original_s * 1e3:.3f} ms; {why}")
     return (f"{head}: derived [{tried}]; kept {out.label}, {out.optimized_s * 1e3:.3f} ms "
             f"against {out.original_s * 1e3:.3f} ms for its nodes alone")
 
