@@ -140,3 +140,31 @@ def test_cached_region_decisions_are_checked_to_fit():
     broken = regions.RegionOutcome([bad], ep.outputs, "x", [], 1.0, 1.0, 0, [], [])
     with pytest.raises((FormatError, ValueError, TypeError, KeyError)):
         regions.RegionOutcome.from_json(broken.to_json(), ep, canon)
+
+
+def test_a_kept_region_is_one_switch_of_the_context_step(ollie_settings, monkeypatch):
+    """The whole-program steps switch a kept region by its decision key: on, the program
+    runs the merged kernels; off, every node of the region runs as its original operator."""
+    from ollie.exec.executor import CompiledProgram
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.model import _Optimizer
+    from ollie.passes.postprocess import postprocess
+
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    _script(monkeypatch, 0.5)
+    m, x = _block()
+    graph = to_graph(m, (x,))
+    opt = _Optimizer(graph, OptimizeConfig(**FAST), None)
+    opt.run()
+    (group,) = [g for g in opt.groups() if len(g.nodes) > 1]
+    assert group.nodes == ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3", "add")
+    assert group.key.startswith("region|") and group.saving_s == pytest.approx(0.5e-3)
+    with torch.no_grad():
+        want = m(x)
+    feed = {graph.input_names[0]: x}
+    for on, merged in ((frozenset({group.key}), True), (frozenset(), False)):
+        prog = postprocess(opt.assemble(on))
+        got = CompiledProgram(prog).run(feed)[graph.outputs[0]]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        joined = [k for k in prog.kernels if k.kind is KernelKind.CONV and k.params["c"] == 8]
+        assert bool(joined) == merged
