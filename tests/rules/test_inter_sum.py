@@ -173,3 +173,29 @@ def test_sum_mode_is_exact_for_finite_inputs_inside_the_assumption(ep, data):
         d.program.verify()
         _close(ep, d.program, inputs)
         assert parse_program(format_program(d.program)) == d.program
+
+
+def test_a_chain_of_adds_merges_all_its_contractions():
+    text = """
+    A: [2, 4]
+    B: [1, 4]
+    C: [3, 4]
+    U: [2, 2]
+    V: [2, 1]
+    W: [2, 3]
+    b: [2]
+    T0 = L<f=0:2, h=0:4> Sum<c=0:2> A[c, h] * U[f, c]
+    T1 = L<f=0:2, h=0:4> Sum<c=0:1> B[c, h] * V[f, c]
+    T2 = L<f=0:2, h=0:4> { L<f=0:2, h=0:4> Sum<c=0:3> C[c, h] * W[f, c] }[f, h] + b[f]
+    S = L<f=0:2, h=0:4> T0[f, h] + T1[f, h]
+    Y = L<f=0:2, h=0:4> S[f, h] + T2[f, h]
+    out Y
+    """
+    ep = normalize_program(parse_program(text))
+    (d,) = _sum_merges(ep)
+    assert "sum of 3" in d.note and "finite" not in d.note
+    merged = next(e for n, e in d.program.defs if has_sum(e.root))
+    assert [it.size for it in merged.root.summation] == [6]  # 2 + 1 + 3 channels
+    inputs = _random(ep)
+    inputs["C"][2, 1] = -np.inf
+    _close(ep, d.program, inputs)
