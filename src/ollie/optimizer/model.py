@@ -35,7 +35,6 @@ from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
 from ollie.graph.chains import contraction_chains
-from ollie.graph.partition import multi_compute, node_order, partition
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
@@ -59,7 +58,7 @@ from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
 from ollie.optimizer.region import MergeOutcome, Part
-from ollie.optimizer.regions import MIN_COMPUTE, RegionOutcome
+from ollie.optimizer.regions import RegionOutcome
 from ollie.optimizer.rename import canonical_names, rename_kernels
 from ollie.optimizer.report import (
     Alternative,
@@ -131,15 +130,12 @@ class _Optimizer(MultiNode):
         chains = {c.sink.name: c for c in contraction_chains(self.graph)
                   if self.config.fuse_chains and self.config.derivation
                   and not any(c.sink in g for g in groups.values())}
-        taken = {n.name for g in (*groups.values(), *(c.nodes for c in chains.values()))
-                 for n in g}
-        items = partition(self.graph, boundaries=taken) \
-            if self.config.derive_regions and self.config.derivation else []
-        regions = {r.nodes[-1].name: r for r in multi_compute(items, MIN_COMPUTE)}
+        regions, order = self.regions_to_derive(
+            {n.name for g in (*groups.values(), *(c.nodes for c in chains.values())) for n in g})
         if self.config.derivation:
             self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
                              self.config, self.constants, self.cache)
-        for node in node_order(items) if regions else self.graph.nodes:
+        for node in order:
             if node.name in placed:
                 done += 1
                 continue

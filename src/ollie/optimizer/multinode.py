@@ -11,14 +11,15 @@ import time
 
 import numpy as np
 
+from ollie.errors import OllieError
 from ollie.graph import Graph, Node
 from ollie.graph.chains import Chain
-from ollie.graph.partition import Region
+from ollie.graph.partition import Region, multi_compute, node_order, partition
 from ollie.optimizer.budget import Budget
 from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.region import MergeOutcome, Part, merge_siblings
-from ollie.optimizer.regions import RegionOutcome, derive_region
+from ollie.optimizer.regions import MIN_COMPUTE, RegionOutcome, derive_region
 from ollie.optimizer.report import Alternative, SubprogramReport
 from ollie.program.kernel import Kernel
 from ollie.tune.cache import CostCache
@@ -106,6 +107,21 @@ class MultiNode:
         self.alternatives.pop(chain.sink.name, None)
         self.parts = splice(fused, chain, self.parts, kernels, self.report, start)
         return fused.kernels
+
+    def regions_to_derive(self, taken: set[str]) -> tuple[dict[str, Region], list[Node]]:
+        """The linear regions to derive (:attr:`OptimizeConfig.derive_regions`), by their last
+        node, with the nodes ``taken`` by other subprograms as boundaries, and the order to
+        walk the graph's nodes in (the partition's, where every region is contiguous, when
+        there is one; the graph's otherwise)."""
+        if not (self.config.derive_regions and self.config.derivation):
+            return {}, list(self.graph.nodes)
+        try:
+            items = partition(self.graph, boundaries=taken)
+        except OllieError as exc:  # never lose the model to the partition
+            self.note(f"linear regions not derived ({cause(exc)})")
+            return {}, list(self.graph.nodes)
+        regions = {r.nodes[-1].name: r for r in multi_compute(items, MIN_COMPUTE)}
+        return regions, node_order(items) if regions else list(self.graph.nodes)
 
     def linear_region(self, region: Region, kernels: list[Kernel]) -> None:
         """Decide ``region`` (its nodes already placed, decided alone, at the end of
