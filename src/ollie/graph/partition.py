@@ -132,26 +132,42 @@ def region_of(graph: Graph, nodes: Sequence[Node]) -> Region:
     return Region(ordered, tuple(inputs), outputs)
 
 
-def partition(graph: Graph, limits: RegionLimits | None = None) -> list[Item]:
-    """Cut ``graph`` into linear regions (see the module docstring).
+def partition(graph: Graph, limits: RegionLimits | None = None,
+              boundaries: Container[str] = ()) -> list[Item]:
+    """Cut ``graph`` into linear regions (see the module docstring); the nodes named in
+    ``boundaries`` are treated as boundaries (subprograms decided otherwise).
 
     Returns every node of ``graph`` exactly once, inside a :class:`Region` (one that holds a
     compute operator) or as itself, in a topological order of the items: each item reads only
     graph inputs, initializers and outputs of earlier items."""
-    return _Partitioner(graph, limits or RegionLimits()).run()
+    return _Partitioner(graph, limits or RegionLimits(), boundaries).run()
+
+
+def multi_compute(items: Sequence[Item], min_compute: int = 2) -> list[Region]:
+    """The regions among ``items`` holding at least ``min_compute`` compute operators: those
+    the optimiser derives as one subprogram."""
+    return [it for it in items if isinstance(it, Region) and it.compute >= min_compute]
+
+
+def node_order(items: Sequence[Item]) -> list[Node]:
+    """The nodes of ``items`` (a :func:`partition`) item by item, each region's in graph
+    order: a topological order of the graph in which every region's nodes are contiguous,
+    so a region can run in the place of its last node."""
+    return [n for it in items for n in (it.nodes if isinstance(it, Region) else (it,))]
 
 
 class _Partitioner:
     """The state of one :func:`partition` run. Nodes are indices into ``graph.nodes``; sets of
     nodes are int bitsets (bit ``i`` for node ``i``)."""
 
-    def __init__(self, graph: Graph, limits: RegionLimits) -> None:
+    def __init__(self, graph: Graph, limits: RegionLimits, boundaries: Container[str]) -> None:
         self.graph = graph
         self.limits = limits
         self.nodes = graph.nodes
         n = len(self.nodes)
         self.const = constant_tensors(graph)
-        self.linear = [is_linear(node, self.const) for node in self.nodes]
+        self.linear = [is_linear(node, self.const) and node.name not in boundaries
+                       for node in self.nodes]
         self.compute = [node.op in COMPUTE_OPS for node in self.nodes]
         self.producer: dict[str, int] = {}
         self.readers: dict[str, list[int]] = {}

@@ -27,7 +27,12 @@ class OptimizeConfig:
     runs as usual. ``total_budget``: seconds of wall-clock time for the whole optimisation
     (None: unbounded); each distinct subprogram then searches for its share of what is left
     (at most ``time_budget``), and once it is spent the remaining subprograms keep their
-    original operators, or a decision made before (:mod:`ollie.optimizer.budget`)."""
+    original operators, or a decision made before (:mod:`ollie.optimizer.budget`).
+    ``derive_regions``: a linear region of two or more compute operators
+    (:func:`ollie.graph.partition.partition`, none in a sibling group or chain) is derived as
+    one subprogram with the inter-expression rules (:mod:`ollie.optimizer.regions`; GCN's
+    global-convolution block merged by the rules' sum mode) and kept when faster than its
+    nodes decided alone; off, its nodes are decided alone only."""
 
     device: str = "cpu"
     max_depth: int = 2
@@ -41,6 +46,7 @@ class OptimizeConfig:
     context: bool = True          # CPU: switch each rewrite on / off in the whole program
     merge_siblings: bool = True   # sibling operators (Q/K/V) as one subprogram when faster
     fuse_chains: bool = True      # window/pad/product chains into a sum as one subprogram
+    derive_regions: bool = True   # linear regions of >= 2 compute operators as one subprogram
     # CPU: seconds the cores idle before a sample next to an ONNX Runtime session whose threads
     # spin, in the whole-program comparisons (libraries, context); 0 skips it: a faster
     # optimisation whose comparisons of such programs are less faithful (the test suite)

@@ -3,8 +3,9 @@
 1. Frontend: a ``torch.nn.Module`` (torch.export), an ``.onnx`` path or an ``onnx.ModelProto``
    becomes a graph; BatchNorm is folded into convolutions, identities removed.
 2. Subprograms: every compute operator (Conv, ConvTranspose, MatMul, Gemm, G2BMM, GBMM);
-   sibling ones (Q/K/V) merged (:mod:`~ollie.optimizer.region`) and window / pad / product
-   chains fused into their sum (:mod:`~ollie.optimizer.chains`) when faster. Element-wise
+   sibling ones (Q/K/V) merged (:mod:`~ollie.optimizer.region`), window / pad / product
+   chains fused into their sum (:mod:`~ollie.optimizer.chains`) and linear regions of several
+   (:mod:`~ollie.optimizer.regions`) derived as one when faster. Element-wise
    and layout operators become eOperators; those without an expression run as they are.
 3. Each subprogram's expression is derived (hybrid derivation); identical subprograms (same
    expression up to tensor names: repeated blocks) are searched and measured once.
@@ -57,6 +58,7 @@ from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
 from ollie.optimizer.region import MergeOutcome, Part
+from ollie.optimizer.regions import RegionOutcome
 from ollie.optimizer.rename import canonical_names, rename_kernels
 from ollie.optimizer.report import (
     Alternative,
@@ -103,6 +105,7 @@ class _Optimizer(MultiNode):
         for it, and its kernels (:meth:`assemble`)."""
         self.merged: dict[str, MergeOutcome] = {}  # sibling groups' decisions by key
         self.chained: dict[str, ChainOutcome] = {}  # contraction chains' decisions by key
+        self.regioned: dict[str, RegionOutcome] = {}  # linear regions' decisions by key
         self.rewrite_keys: dict[str, str] = {}
         """Decision key of each node that got a rewrite (:meth:`compute_node`)."""
         self.alternatives: dict[str, list[tuple[str, list[Kernel]]]] = {}
@@ -127,10 +130,12 @@ class _Optimizer(MultiNode):
         chains = {c.sink.name: c for c in contraction_chains(self.graph)
                   if self.config.fuse_chains and self.config.derivation
                   and not any(c.sink in g for g in groups.values())}
+        regions, order = self.regions_to_derive(
+            {n.name for g in (*groups.values(), *(c.nodes for c in chains.values())) for n in g})
         if self.config.derivation:
             self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
                              self.config, self.constants, self.cache)
-        for node in self.graph.nodes:
+        for node in order:
             if node.name in placed:
                 done += 1
                 continue
@@ -157,6 +162,8 @@ class _Optimizer(MultiNode):
             kernels += chosen
             self.track_layout(node, chosen)
             self.parts.append(Part((node,), self.rewrite_keys.get(node.name), chosen))
+            if node.name in regions and not self.budget.out_of_time():
+                self.linear_region(regions[node.name], kernels)
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)
@@ -290,7 +297,8 @@ class _Optimizer(MultiNode):
         for key, names in nodes.items():
             alt = self.alternative_of.get(key)
             if alt is None:
-                done = self.merged.get(key) or self.chained.get(key) or self.memo[key]
+                done = (self.merged.get(key) or self.chained.get(key) or
+                        self.regioned.get(key) or self.memo[key])
                 saving = done.original_s - done.optimized_s
             else:
                 saving = self.memo[self.keys[key].base.text].original_s - alt.seconds

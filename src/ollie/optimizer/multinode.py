@@ -1,19 +1,25 @@
 """The model optimiser's subprograms of several nodes (:class:`MultiNode`, a part of
-:class:`ollie.optimizer.model._Optimizer`): sibling groups (:mod:`ollie.optimizer.region`)
-and contraction chains (:mod:`ollie.optimizer.chains`), each decided, and placed in the
-optimiser's parts and report only when kept."""
+:class:`ollie.optimizer.model._Optimizer`): sibling groups (:mod:`ollie.optimizer.region`),
+contraction chains (:mod:`ollie.optimizer.chains`) and linear regions
+(:mod:`ollie.optimizer.regions`), each decided, and placed in the optimiser's parts and
+report only when kept."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
+from ollie.errors import OllieError
 from ollie.graph import Graph, Node
 from ollie.graph.chains import Chain
+from ollie.graph.partition import Region, multi_compute, node_order, partition
+from ollie.optimizer.budget import Budget
 from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.region import MergeOutcome, Part, merge_siblings
+from ollie.optimizer.regions import MIN_COMPUTE, RegionOutcome, derive_region
 from ollie.optimizer.report import Alternative, SubprogramReport
 from ollie.program.kernel import Kernel
 from ollie.tune.cache import CostCache
@@ -42,6 +48,8 @@ class MultiNode:
     parts: list[Part]
     merged: dict[str, MergeOutcome]
     chained: dict[str, ChainOutcome]
+    regioned: dict[str, RegionOutcome]
+    budget: Budget
     rewrite_keys: dict[str, str]
     alternatives: dict[str, list[tuple[str, list[Kernel]]]]
     alternative_of: dict[str, Alternative]
@@ -99,6 +107,58 @@ class MultiNode:
         self.alternatives.pop(chain.sink.name, None)
         self.parts = splice(fused, chain, self.parts, kernels, self.report, start)
         return fused.kernels
+
+    def regions_to_derive(self, taken: set[str]) -> tuple[dict[str, Region], list[Node]]:
+        """The linear regions to derive (:attr:`OptimizeConfig.derive_regions`), by their last
+        node, with the nodes ``taken`` by other subprograms as boundaries, and the order to
+        walk the graph's nodes in (the partition's, where every region is contiguous, when
+        there is one; the graph's otherwise)."""
+        if not (self.config.derive_regions and self.config.derivation):
+            return {}, list(self.graph.nodes)
+        try:
+            items = partition(self.graph, boundaries=taken)
+        except OllieError as exc:  # never lose the model to the partition
+            self.note(f"linear regions not derived ({cause(exc)})")
+            return {}, list(self.graph.nodes)
+        regions = {r.nodes[-1].name: r for r in multi_compute(items, MIN_COMPUTE)}
+        return regions, node_order(items) if regions else list(self.graph.nodes)
+
+    def linear_region(self, region: Region, kernels: list[Kernel]) -> None:
+        """Decide ``region`` (its nodes already placed, decided alone, at the end of
+        ``kernels``' members); when kept, its kernels replace theirs (in ``kernels``, the
+        parts and the report), placed after its last node."""
+        seconds = self.budget.share() if self.budget.bounded else self.config.time_budget
+        if seconds is None:
+            return
+        members = {n.name for n in region.nodes}
+        individual = {p.nodes[0].name: p.chosen for p in self.parts
+                      if p.nodes[0].name in members}
+        if set(individual) != members:
+            return
+        t0 = time.perf_counter()
+        try:
+            done = derive_region(self.graph, region, individual, self.constants, self.config,
+                                 seconds, self.cache, self.rng, self.regioned)
+        except Exception as exc:  # never lose the model to one subprogram
+            self.note(f"region at {region.nodes[0].name}: not derived ({cause(exc)})")
+            return
+        finally:
+            if self.budget.bounded:
+                self.budget.searched(seconds, time.perf_counter() - t0)
+        if done is None:
+            return
+        self.notes.append(done.note)
+        if done.outcome.kernels is None:
+            return
+        drop = {id(k) for p in self.parts if p.nodes[0].name in members for k in p.chosen}
+        kernels[:] = [k for k in kernels if id(k) not in drop] + done.kernels
+        self.parts = [p for p in self.parts if p.nodes[0].name not in members] + \
+            [Part(region.nodes, done.key, done.kernels)]
+        self.report[:] = [r for r in self.report if r.node not in members] + [done.report]
+        for n in region.nodes:
+            self.rewrite_keys.pop(n.name, None)
+            self.alternatives.pop(n.name, None)
+            self.track_layout(n, done.kernels)
 
 
 __all__ = ["MultiNode", "cause"]

@@ -22,7 +22,10 @@ well-formed program. They build on the single-expression rules of :mod:`ollie.ru
   :func:`ollie.rules.inter.merge_expressions` (stack mode, ``g_at`` ``"inner"`` then ``0``);
   the merged def is followed by slice defs keeping the members' names, so readers do not
   change. At most :data:`MAX_MERGE_GROUPS` groups (largest first) of at most
-  :data:`MAX_GROUP` members each.
+  :data:`MAX_GROUP` members each. Its *sum* mode (:mod:`ollie.rules.inter_sum`) merges the
+  contractions a def adds (GCN's ``left2 + right2``) into one over a concatenated reduction;
+  a merge exact only for finite inputs is proposed only inside
+  :func:`~ollie.rules.base.assume_finite_inputs`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from ollie.ir.exprprogram import ExprProgram
 from ollie.ir.nodes import FUNC_ARITY
 from ollie.rules.base import fresh_name
 from ollie.rules.inter import expression_fusion, expression_splitting, merge_expressions
+from ollie.rules.inter_sum import sum_rewrites
 
 MAX_GROUP = 8
 """Most members merged into one def (larger twin sets are cut in program order)."""
@@ -366,8 +370,14 @@ def merge_group(ep: ExprProgram, members: list[str], g_at: int | str
 
 @register_program_rule("expression_merging")
 def program_merging(ep: ExprProgram) -> list[DerivedProgram]:
-    """Per twin group, the program with the group merged, ``g`` inner and leading."""
+    """Per twin group, the program with the group merged, ``g`` inner and leading; then
+    every sum merge (:func:`~ollie.rules.inter_sum.sum_rewrites`)."""
     out = []
+    for sr in sum_rewrites(ep, set(ep.shapes()) | RESERVED):
+        try:
+            out.append(DerivedProgram(_rebuild(ep, sr.defs), "expression_merging", sr.note))
+        except ExprError:
+            continue
     for members in _twin_groups(ep):
         seen = set()
         for g_at in ("inner", 0):

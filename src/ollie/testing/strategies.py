@@ -230,6 +230,39 @@ def expr_programs(draw) -> ExprProgram:
 
 
 @st.composite
+def sum_programs(draw, same_windows: bool = False) -> ExprProgram:
+    """A program adding 2-3 one-dimensional convolutions ``T<i> = L<f, h> Sum<c, r>
+    A<i>[c, h + r - p<i>] * W<i>[f, c, r]`` (each maybe plus a bias ``B<i>[f]``) over their own
+    activations, with drawn channel counts, windows and paddings (equal windows and paddings
+    when ``same_windows``), output ``Y = T0 + T1 (+ T2)``: the shape
+    :mod:`ollie.rules.inter_sum` merges."""
+    n = draw(st.integers(2, 3))
+    f, h = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    k0 = draw(st.integers(1, 3))
+    inputs: dict[str, tuple[int, ...]] = {}
+    defs: list[tuple[str, Expr]] = []
+    its = (Iter("f", 0, f), Iter("h", 0, h))
+    for i in range(n):
+        c = draw(st.integers(1, 3))
+        k = k0 if same_windows else draw(st.integers(1, 3))
+        p = (k - 1) // 2 if same_windows else draw(st.integers(0, k - 1))
+        inputs.update({f"A{i}": (c, h), f"W{i}": (f, c, k)})
+        body: Node = BinOp("*", Access(f"A{i}", (var("c"), var("h") + var("r") - p)),
+                           Access(f"W{i}", (var("f"), var("c"), var("r"))))
+        root = Scope(its, (Iter("c", 0, c), Iter("r", 0, k)), body)
+        if draw(st.booleans()):
+            inputs[f"B{i}"] = (f,)
+            root = Scope(its, (), BinOp("+", Access(root, (var("f"), var("h"))),
+                                        Access(f"B{i}", (var("f"),))))
+        defs.append((f"T{i}", Expr((), root)))
+    total: Node = Access("T0", (var("f"), var("h")))
+    for i in range(1, n):
+        total = BinOp("+", total, Access(f"T{i}", (var("f"), var("h"))))
+    defs.append(("Y", Expr((), Scope(its, (), total))))
+    return ExprProgram(tuple(inputs.items()), tuple(defs), ("Y",)).tidy()
+
+
+@st.composite
 def program_inputs(draw, ep: ExprProgram, specials: bool = True) -> dict[str, np.ndarray]:
     """Inputs for ``ep``: :func:`inputs_with_specials` of its inputs (NaN and infinities at
     random positions) when ``specials``, else standard normal values."""

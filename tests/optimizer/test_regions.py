@@ -1,0 +1,170 @@
+"""Linear regions as subprograms end to end (:mod:`ollie.optimizer.regions`): GCN's
+global-convolution block is lowered as one program, its ``left2 + right2`` merged by the sum
+mode of expression merging into one convolution, derived, checked against the interpreter
+and the module, and kept only when faster than its nodes decided alone.
+
+Searches and measurements run on a stopped clock; to test the kept path the measured times
+are replaced after the real selection (which did verify the programs), so no assertion
+depends on the machine's speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ollie
+from ollie.commands.optimize import explain
+from ollie.graph.partition import multi_compute, partition
+from ollie.ir.exprprogram import ExprProgram
+from ollie.optimizer import regions
+from ollie.optimizer.importing import to_graph
+from ollie.program.kernel import Kernel
+from ollie.program.params import KernelKind
+from ollie.program.serialize import FormatError
+from ollie.testing.clock import stopped_clock
+from ollie.zoo.gcn import GCNBlock
+
+FAST = dict(max_depth=1, time_budget=2.0, use_cache=False, context=False,
+            choose_libraries=False, settle=0, merge_siblings=False, kernel_library=False)
+
+
+def _script(monkeypatch, factor: float) -> list[list[str]]:
+    """Region selections measure the programs derived by a merge at ``factor`` x the nodes'
+    time, every other program slower; returns each selection's candidates' derivations."""
+    real = regions.select_program
+    seen: list[list[str]] = []
+
+    def timed(*args, **kwargs):
+        sel = real(*args, **kwargs)
+        sel.baseline.seconds, sel.baseline.samples = 1e-3, []
+        sel.unconfirmed = False
+        for m in sel.measured:
+            merged = m.candidate is not None and \
+                m.candidate.derivation[:1] == ["expression_merging"]
+            m.seconds, m.samples = (factor if merged else 3.0) * 1e-3, []
+            seen.append(m.candidate.derivation if m.candidate is not None else [])
+        return sel
+
+    monkeypatch.setattr(regions, "select_program", timed)
+    return seen
+
+
+def _block():
+    torch.manual_seed(0)
+    return GCNBlock(32, 4, 3).eval(), torch.randn(1, 32, 8, 8)
+
+
+def _close(opt, m, x) -> None:
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(opt(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_gcn_block_is_sum_merged_into_one_convolution(ollie_settings, monkeypatch):
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    seen = _script(monkeypatch, 0.5)
+    m, x = _block()
+    opt = ollie.optimize(m, x, **FAST)
+    assert any(d[:1] == ["expression_merging"] for d in seen)  # verified, then measured
+    (entry,) = [r for r in opt.report if len(r.nodes) > 1]
+    assert entry.nodes == ["conv2d", "conv2d_1", "conv2d_2", "conv2d_3", "add"]
+    assert entry.derivation[0] == "expression_merging"
+    assert entry.optimized_ms == pytest.approx(0.5) and entry.original_ms == pytest.approx(1.0)
+    assert [r.nodes for r in opt.report] == [entry.nodes]  # the members' entries replaced
+    convs = [k for k in opt.program.kernels if k.kind is KernelKind.CONV]
+    merged = [k for k in convs if k.params["c"] == 8]  # 4 + 4 channels joined
+    assert merged and (merged[0].params["r"], merged[0].params["s"]) == (3, 3)
+    assert any(n.startswith("region conv2d") and "kept" in n and "sum" in n
+               for n in opt.notes)
+    assert any(n.startswith("checked against the original model") for n in opt.notes)
+    _close(opt, m, x)
+    assert "[nodes: conv2d, conv2d_1, conv2d_2, conv2d_3, add]" in opt.summary()
+    assert "inter-expression: expression_merging" in explain(opt.report)
+
+
+def test_slower_regions_keep_their_nodes(ollie_settings, monkeypatch):
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    _script(monkeypatch, 2.0)
+    m, x = _block()
+    opt = ollie.optimize(m, x, **FAST)
+    assert all(len(r.nodes) == 1 for r in opt.report)
+    assert len(opt.report) == 4  # the four convolutions, decided alone
+    assert any(n.startswith("region conv2d") and "not kept" in n for n in opt.notes)
+    assert not any(k.kind is KernelKind.CONV and k.params["c"] == 8
+                   for k in opt.program.kernels)
+    _close(opt, m, x)
+
+
+def test_derive_regions_off_decides_nodes_alone(ollie_settings, monkeypatch):
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    seen = _script(monkeypatch, 0.5)
+    m, x = _block()
+    opt = ollie.optimize(m, x, **FAST, derive_regions=False)
+    assert seen == [] and not any(n.startswith("region ") for n in opt.notes)
+    assert all(len(r.nodes) == 1 for r in opt.report)
+    _close(opt, m, x)
+
+
+def _lowered():
+    m, x = _block()
+    graph = to_graph(m, (x,))
+    (region,) = multi_compute(partition(graph))
+    consts = {n: np.asarray(v) for n, v in graph.initializers.items()}
+    lowered = regions.lower_region(graph, region, consts)
+    assert lowered is not None
+    return graph, region, lowered, consts
+
+
+def test_region_programs_rank_the_sum_merge_first_within_the_bounds():
+    _, _, (ep, names, _), _ = _lowered()
+    assert isinstance(ep, ExprProgram) and ep.outputs == (names["add"],)
+    programs = regions.derived_programs(ep)
+    assert 1 <= len(programs) <= regions.MAX_PROGRAMS
+    assert programs[0][1].rule == "expression_merging" and "sum" in programs[0][1].note
+    refs = regions.output_exprs(ep)
+    assert set(refs) == set(ep.outputs)
+
+
+def test_cached_region_decisions_are_checked_to_fit():
+    _, _, (ep, names, _), consts = _lowered()
+    canon = {c: consts[m] for m, c in names.items() if m in consts}
+    out = regions.RegionOutcome(None, ep.outputs, "its nodes alone", [], 1e-3, 1e-3, 0, [],
+                                ["expression_merging: sum"])
+    back = regions.RegionOutcome.from_json(out.to_json(), ep, canon)
+    assert back == out
+    wrong = regions.RegionOutcome(None, ("y9",), "x", [], 1.0, 1.0, 0, [], [])
+    with pytest.raises(FormatError):
+        regions.RegionOutcome.from_json(wrong.to_json(), ep, canon)
+    bad = Kernel(KernelKind.EOP, {}, ("x0",), ep.outputs[0], None, (), (1, 2))
+    broken = regions.RegionOutcome([bad], ep.outputs, "x", [], 1.0, 1.0, 0, [], [])
+    with pytest.raises((FormatError, ValueError, TypeError, KeyError)):
+        regions.RegionOutcome.from_json(broken.to_json(), ep, canon)
+
+
+def test_a_kept_region_is_one_switch_of_the_context_step(ollie_settings, monkeypatch):
+    """The whole-program steps switch a kept region by its decision key: on, the program
+    runs the merged kernels; off, every node of the region runs as its original operator."""
+    from ollie.exec.executor import CompiledProgram
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.model import _Optimizer
+    from ollie.passes.postprocess import postprocess
+
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    _script(monkeypatch, 0.5)
+    m, x = _block()
+    graph = to_graph(m, (x,))
+    opt = _Optimizer(graph, OptimizeConfig(**FAST), None)
+    opt.run()
+    (group,) = [g for g in opt.groups() if len(g.nodes) > 1]
+    assert group.nodes == ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3", "add")
+    assert group.key.startswith("region|") and group.saving_s == pytest.approx(0.5e-3)
+    with torch.no_grad():
+        want = m(x)
+    feed = {graph.input_names[0]: x}
+    for on, merged in ((frozenset({group.key}), True), (frozenset(), False)):
+        prog = postprocess(opt.assemble(on))
+        got = CompiledProgram(prog).run(feed)[graph.outputs[0]]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        joined = [k for k in prog.kernels if k.kind is KernelKind.CONV and k.params["c"] == 8]
+        assert bool(joined) == merged
