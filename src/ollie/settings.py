@@ -52,6 +52,10 @@ Clock = Callable[[], float]
 """A time source: seconds from an arbitrary origin, never decreasing."""
 
 
+def _always() -> bool:
+    return True
+
+
 def _load_average() -> float:
     """The one-minute load average, 0.0 where the system has none."""
     try:
@@ -95,6 +99,12 @@ class Settings:
     :class:`ollie.exec.executor.CompiledProgram` keeps the one in effect when it is built,
     and a restricted one joins every cache key of a choice or a measurement.
 
+    ``compile_libraries``: asked before kernel-library code that is not compiled yet (the
+    Winograd transforms of a convolution configuration) is compiled for a choice among
+    implementations; False: that implementation is not offered (the others are). The
+    optimizer's total budget answers False once it is spent
+    (:meth:`ollie.optimizer.budget.Budget.may_compile`).
+
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
     :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
@@ -113,6 +123,7 @@ class Settings:
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL
+    compile_libraries: Callable[[], bool] = _always
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -1,33 +1,45 @@
 """The whole-model time budget of ``ollie.optimize`` (:attr:`OptimizeConfig.total_budget`)
 and the decision-cache keys of subprograms.
 
-A :class:`Budget` is started when the optimizer starts. Each distinct subprogram still to be
-searched gets a share of what is left: ``min(time_budget, max(MIN_SHARE, left / n -
-overhead))``, ``n`` the distinct subprograms still to search whose decision is not cached
-(:meth:`Budget.plan` estimates them before the first search), ``overhead`` the mean time a
-search's selection (compilation, verification, measurement) took beyond its share so far;
-the selection's measurements last at most as long as that share (fewer rounds: a rewrite
-must then be faster by more to be kept). Once the budget is spent, or what is left is less
-than that overhead (a search would end past it), a subprogram not decided before (in this
-optimisation, or in the decision cache) keeps its original operator without a search (its
-report says ``"time budget"``).
+A :class:`Budget` is started when ``ollie.optimize`` is called (it covers importing the model
+too). By default (:data:`AUTO`) its total is :func:`default_total`, scaled with the number of
+distinct subprograms and capped; None: unbounded. Every phase of an optimisation runs inside
+it and is timed (:meth:`Budget.phase`; the report's note lists them): importing, the
+searches, the selections (compiling, verifying and measuring candidates), sibling merges and
+chain fusion, post-processing and compiling the whole program, the end-to-end check with its
+library comparison, and the program context step.
 
-The budget can be exceeded by one subprogram's search and selection (the first one's, whose
-overhead is not known when it starts; it also pays one-off costs such as measuring the
-machine's roofline), then by the end-to-end check, which always runs (the program's first
-run also picks each convolution's implementation by measurement, once per configuration:
-:func:`ollie.exec.conv.best_conv`); whole-program comparisons that are not cached are
-skipped once it is spent or a subprogram went unsearched for it (:meth:`Budget.out_of_time`).
+The searches share what is left of the total less a reserve for the end of the optimisation
+(:data:`TAIL_FRACTION`: the end-to-end check, the library comparison, the context step).
+Each distinct subprogram still to be searched gets ``min(time_budget, max(MIN_SHARE,
+(left - reserve) / n - overhead))``, ``n`` the distinct subprograms still to search whose
+decision is not cached (:meth:`Budget.plan`), ``overhead`` the mean time a search's selection
+took beyond its share so far; the selection's measurements last at most as long as that
+share, and it compiles and measures only the few plausible candidates
+(:mod:`ollie.optimizer.plausible`). Once the searches' part is spent, or what is left of it is
+less than that overhead, a subprogram not decided before (in this optimisation, or in the
+decision cache) keeps its original operator without a search (its report says ``"time
+budget"``).
 
-Without a total budget (None), every subprogram gets ``time_budget`` seconds, as before.
+Every later phase checks :meth:`Budget.out_of_time` and falls back to the best program so
+far: sibling merges and chain fusion are not tried, whole-program comparisons that are not
+cached are skipped, and kernel-library code not compiled yet (Winograd transforms) is no
+longer compiled (:attr:`ollie.settings.Settings.compile_libraries`, :meth:`Budget.may_compile`):
+convolutions then choose among the vendor libraries. So the budget is exceeded by at most
+(:meth:`Budget.overshoot_bound`): the work in flight when it ran out (one subprogram's search
+and selection, whose measurement is bounded by its share) and the end-to-end check, which
+always runs (a returned program is always checked) but compiles no new library code.
+
 Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
+Why these constants: docs/design/029-cold-budget.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
 
 from ollie.fingerprint import fingerprint
 from ollie.optimizer.rename import canonical_names
@@ -42,9 +54,33 @@ MIN_SHARE = 1.0
 """Seconds of search a subprogram gets at least while the total budget lasts: less finds
 little beyond the original operator."""
 
+AUTO: Literal["auto"] = "auto"
+"""The default :attr:`OptimizeConfig.total_budget`: :func:`default_total` seconds."""
+
+AUTO_BASE = 15.0
+"""Seconds of a default total budget for a model without compute operators (importing it,
+checking the program)."""
+
+AUTO_PER_SUBPROGRAM = 2.0
+"""Seconds a default total budget adds per distinct subprogram (distinct compute expression)."""
+
+AUTO_CAP = 120.0
+"""The largest default total budget, in seconds."""
+
+TAIL_FRACTION = 0.25
+"""The part of a total budget the searches leave to the end of the optimisation (the
+end-to-end check, its library comparison and the program context step)."""
+
 TIME_BUDGET = "time budget"
 """The reason a subprogram kept its original operator without a search once the total budget
 was spent (:attr:`ollie.optimizer.report.SubprogramReport.refused`)."""
+
+
+def default_total(distinct: int) -> float:
+    """The default total budget (:data:`AUTO`) of a model with ``distinct`` distinct
+    subprograms: :data:`AUTO_BASE` plus :data:`AUTO_PER_SUBPROGRAM` each, at most
+    :data:`AUTO_CAP` seconds."""
+    return min(AUTO_CAP, AUTO_BASE + AUTO_PER_SUBPROGRAM * max(0, distinct))
 
 
 def decision_key(cfg: OptimizeConfig, expr_fingerprint: str, channels_last: frozenset[str],
@@ -60,24 +96,35 @@ def decision_key(cfg: OptimizeConfig, expr_fingerprint: str, channels_last: froz
 
 
 class Budget:
-    """The time left of a total budget (``total`` seconds, None: unbounded) and the share of
-    it each subprogram's search gets (at most ``cap`` seconds), on ``clock``."""
+    """The time left of a total budget (``total`` seconds; None: unbounded; :data:`AUTO`:
+    :func:`default_total`, fixed by :meth:`plan`) and the share of it each subprogram's
+    search gets (at most ``cap`` seconds), on ``clock``, from ``start`` (default: now)."""
 
-    def __init__(self, total: float | None, cap: float, clock: Callable[[], float]) -> None:
-        self.total = total
+    def __init__(self, total: float | Literal["auto"] | None, cap: float,
+                 clock: Callable[[], float], start: float | None = None) -> None:
+        self.auto = total == AUTO
+        self.total: float | None = default_total(0) if total == AUTO else \
+            None if total is None else float(total)
         self.cap = cap
         self.clock = clock
-        self.start = clock()
+        self.start = clock() if start is None else start
         self.pending: dict[str, str] = {}
         """Node -> fingerprint of the compute nodes still to search (:meth:`plan`)."""
         self.searches = 0
         self.overhead_s = 0.0  # summed time of selection beyond the search shares
         self.skipped: list[str] = []
         """The nodes that kept their original operator because the budget ran out."""
+        self.phases: dict[str, float] = {}
+        """Seconds spent per phase (:meth:`phase`), in the order they first ran."""
 
     @property
     def bounded(self) -> bool:
         return self.total is not None
+
+    @property
+    def reserve(self) -> float:
+        """Seconds the searches leave to the end of the optimisation (:data:`TAIL_FRACTION`)."""
+        return 0.0 if self.total is None else TAIL_FRACTION * self.total
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -86,29 +133,55 @@ class Budget:
         """Seconds left (infinite when unbounded)."""
         return math.inf if self.total is None else self.total - self.elapsed()
 
+    def search_left(self) -> float:
+        """Seconds left to the searches and their selections: :meth:`left` less
+        :attr:`reserve`."""
+        return self.left() - self.reserve
+
     def spent(self) -> bool:
         return self.left() <= 0
 
     def out_of_time(self) -> bool:
-        """Whether the budget is spent, or a subprogram was already left unsearched for it:
-        what remains of it then goes to no optional work (sibling merging, whole-program
-        comparisons not cached)."""
-        return self.spent() or bool(self.skipped)
+        """Whether the searches' part of the budget is spent, or a subprogram was already left
+        unsearched for it: what remains of it then goes to no optional work of the search
+        phase (sibling merging, chain fusion)."""
+        return self.search_left() <= 0 or bool(self.skipped)
+
+    def may_compile(self) -> bool:
+        """Whether kernel-library code not compiled yet may still be compiled (the budget is
+        not spent): :attr:`ollie.settings.Settings.compile_libraries` while optimising."""
+        return not self.spent()
+
+    @contextmanager
+    def phase(self, name: str, timed: bool = True) -> Iterator[None]:
+        """Time the block as phase ``name`` (:attr:`phases`; a phase run again adds up);
+        ``timed`` off: the block runs, untimed (it does no work of the phase)."""
+        if not timed:
+            yield
+            return
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + self.clock() - t0
 
     def plan(self, graph: Graph, nodes: list[Node], cfg: OptimizeConfig,
              constants: Mapping[str, object], cache: CostCache | None) -> None:
         """Note which of ``nodes`` (compute operators) will be searched: those that lower to
         an expression whose decision is not in ``cache`` (looked up for the inputs measured
         channels-last as a convolution's output usually is, and not). An estimate: layouts
-        are only known as the optimizer goes."""
+        are only known as the optimizer goes. A default total (:data:`AUTO`) is fixed here:
+        :func:`default_total` of the number of distinct expressions of ``nodes``."""
         if not self.bounded:
             return
+        distinct: set[str] = set()
         for node in nodes:
             try:
                 expr, names = canonical_names(graph.lower_node(node).expr)
             except Exception:  # not lowered: kept as it is, no search
                 continue
             fp = fingerprint(expr)
+            distinct.add(fp)
             acts = frozenset(canon for orig, canon in names.items()
                              if orig not in constants and len(graph.shape(orig)) == 4)
             if cache is not None and any(
@@ -116,6 +189,8 @@ class Budget:
                     for cl in {frozenset(), acts} for partial in (False, True)):
                 continue
             self.pending[node.name] = fp
+        if self.auto:
+            self.total = default_total(len(distinct))
 
     def share(self) -> float | None:
         """Seconds of search for the next subprogram searched; None when the budget is spent
@@ -123,7 +198,7 @@ class Budget:
         far."""
         if not self.bounded:
             return self.cap
-        left = self.left()
+        left = self.search_left()
         overhead = self.overhead_s / self.searches if self.searches else 0.0
         if left <= 0 or (self.searches and overhead >= left):
             return None
@@ -143,11 +218,29 @@ class Budget:
             for other in [n for n, f in self.pending.items() if f == fp]:
                 del self.pending[other]
 
+    def overshoot_bound(self, selection_s: float, check_s: float, compile_s: float) -> float:
+        """The most seconds an optimisation may run past its total budget, given the longest
+        a selection's compiling and verifying (``selection_s``; its search and its measurement
+        last at most its share each: a search started with ``L`` seconds of the searches' part
+        left ends at most ``max(cap, 2 min(cap, MIN_SHARE)) - L`` after it), the end-to-end check
+        with the whole-program comparisons started before the budget was spent, without new
+        library code (``check_s``), and one convolution configuration's library compile in
+        flight when it was spent (``compile_s``): no search starts once the searches' part
+        (all but :attr:`reserve`) is spent, so only the search in flight then, the check and
+        that compile reach past it."""
+        if self.total is None:
+            return math.inf
+        search = max(self.cap, 2 * min(self.cap, MIN_SHARE)) + selection_s
+        return max(0.0, search - self.reserve) + check_s + compile_s
+
     def describe(self) -> str:
-        """A note on the budget's use (empty when unbounded)."""
+        """A note on the budget's use and the time of each phase (empty when unbounded)."""
         if self.total is None:
             return ""
-        text = f"total time budget {self.total:g} s: {self.elapsed():.1f} s used"
+        text = (f"total time budget {self.total:g} s{' (default)' if self.auto else ''}: "
+                f"{self.elapsed():.1f} s used")
+        if self.phases:
+            text += " (" + ", ".join(f"{n} {s:.1f} s" for n, s in self.phases.items()) + ")"
         if self.skipped:
             text += (f"; {len(self.skipped)} subprogram(s) kept their original operator "
                      f"without a search ({', '.join(self.skipped[:5])}"
@@ -155,4 +248,5 @@ class Budget:
         return text
 
 
-__all__ = ["MIN_SHARE", "TIME_BUDGET", "Budget", "decision_key"]
+__all__ = ["AUTO", "AUTO_BASE", "AUTO_CAP", "AUTO_PER_SUBPROGRAM", "MIN_SHARE", "TAIL_FRACTION",
+           "TIME_BUDGET", "Budget", "decision_key", "default_total"]
