@@ -99,11 +99,12 @@ class Settings:
     :class:`ollie.exec.executor.CompiledProgram` keeps the one in effect when it is built,
     and a restricted one joins every cache key of a choice or a measurement.
 
-    ``compile_libraries``: asked before kernel-library code that is not compiled yet (the
-    Winograd transforms of a convolution configuration) is compiled for a choice among
-    implementations; False: that implementation is not offered (the others are). The
+    ``new_choices``: asked before a choice among implementations that is not remembered
+    yet is measured (:class:`ollie.tune.choice.Choices`: building every implementation packs
+    weights, compiles Winograd transforms, then probes them); False: the framework's own
+    implementation (the choice's baseline) is built alone and used, nothing remembered. The
     optimizer's total budget answers False once it is spent
-    (:meth:`ollie.optimizer.budget.Budget.may_compile`).
+    (:meth:`ollie.optimizer.budget.Budget.may_choose`).
 
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
@@ -123,7 +124,7 @@ class Settings:
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL
-    compile_libraries: Callable[[], bool] = _always
+    new_choices: Callable[[], bool] = _always
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -59,7 +59,7 @@ def _run(clock: FakeClock, select_s: float, check_s: float, **kwargs
 
     def checked(*args, **kw):
         clock.advance(check_s)  # then asked, as the check's last convolution would
-        compiles.append(current().compile_libraries())
+        compiles.append(current().new_choices())
         return real_checked(*args, **kw)
 
     mp = pytest.MonkeyPatch()
@@ -164,39 +164,41 @@ def test_a_bounded_search_builds_only_the_plausible_candidates(ollie_settings, t
     assert given == [PLAUSIBLE] * 3 + [6] * 3
 
 
-@pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
-def test_no_winograd_transform_is_compiled_once_the_budget_says_no(tmp_path, monkeypatch,
-                                                                   ollie_settings):
-    from ollie.exec.conv import best_conv
-    from ollie.kernels import winograd
-    from ollie.kernels import winograd_codegen as wc
-    from ollie.policy import WINOGRAD
+def test_no_library_choice_is_measured_once_the_budget_says_no(ollie_settings):
     from ollie.tune.choice import Choices
 
-    ollie_settings(cache_dir=tmp_path, compile_libraries=lambda: False, choices={})
-    monkeypatch.setattr(wc, "_MODULES", {})
-    w, b = torch.randn(12, 12, 3, 3), torch.randn(12)
-    x = torch.randn(2, 12, 9, 7)
-    assert winograd.winograd_conv2d(w, tuple(x.shape), (1, 1), (1, 1), (1, 1), b) is None
-    assert wc.uncompiled([("in", 4, 3, 12), ("out", 4, 3, 12)]) == 2
-    assert not list(tmp_path.rglob("*.nbi"))  # nothing compiled
-    # a convolution large enough for Winograd chooses among the vendor libraries, apart
+    ollie_settings(new_choices=lambda: False)
+    table = Choices({("known",): "b"})
+    built: list[str] = []
+
+    def builder(name):
+        return lambda: built.append(name) or (lambda x: x)
+
+    def no_args():
+        raise AssertionError("nothing is measured")
+
+    names = ("a", "b", "base")
+    fn = table.fastest_of({n: builder(n) for n in names}, (1,), ("new",), no_args,
+                          baseline="base")
+    assert built == ["base"] and table.get(("new",)) is None  # built alone, not remembered
+    table.fastest_of({n: builder(n) for n in names}, (1,), ("known",), no_args,
+                     baseline="base")
+    assert built == ["base", "b"]  # a choice made before is still used
+    assert table.fastest({"a": abs, "base": fn}, (1,), ("other",), no_args, "base") is fn
+
+
+@pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
+def test_a_convolution_runs_the_framework_implementation_once_the_budget_says_no(
+        tmp_path, ollie_settings):
+    from ollie.exec.conv import best_conv
+
+    # large enough for a Winograd candidate; nothing built or compiled for it
+    ollie_settings(cache_dir=tmp_path, new_choices=lambda: False, choices={})
     w, x = torch.randn(64, 64, 3, 3), torch.randn(1, 64, 28, 28)
-    asked: list[tuple[tuple, list[str]]] = []
-
-    real = Choices.fastest_of
-
-    def fastest_of(self, builders, input_shape, key, *args, **kwargs):
-        asked.append((key, list(builders)))
-        return real(self, builders, input_shape, key, *args, **kwargs)
-
-    monkeypatch.setattr(Choices, "fastest_of", fastest_of)
     conv = best_conv("Conv2d", w, None, tuple(x.shape), (1, 1), (1, 1), (1, 1))
     torch.testing.assert_close(conv(x), torch.nn.functional.conv2d(x, w, None, 1, 1),
                                rtol=1e-4, atol=1e-4)
-    [(key, offered)] = asked
-    assert key[-1] == "compiled libraries only" and WINOGRAD in offered  # offered, not built
-    assert not list(tmp_path.rglob("*.nbi"))
+    assert not current().choices and not list(tmp_path.rglob("*.nbi"))
 
 
 def test_a_default_budget_is_fixed_by_the_plan():

@@ -89,9 +89,9 @@ def test_each_subprogram_gets_its_share_of_what_is_left():
     budget.skipped.append("d")  # left unsearched: no optional work either
     assert budget.out_of_time()
     clock.advance(1.0)  # the searches' part spent; the reserve is not: library code compiles
-    assert budget.share() is None and not budget.spent() and budget.may_compile()
+    assert budget.share() is None and not budget.spent() and budget.may_choose()
     clock.advance(5.0)
-    assert budget.spent() and budget.share() is None and not budget.may_compile()
+    assert budget.spent() and budget.share() is None and not budget.may_choose()
     assert Budget(100.0, 2.0, FakeClock()).share() == 2.0  # the per-subprogram cap
     few = Budget(4.0, 30.0, FakeClock())
     few.pending = {"a": "f1", "b": "f2", "c": "f3", "d": "f4"}

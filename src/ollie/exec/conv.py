@@ -94,9 +94,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
     when measured faster with confidence (:meth:`ollie.tune.choice.Choices.fastest`);
     ``choices``: the choice table to ask (default :func:`ollie.tune.choice.shared`);
     ``impls``: the implementations allowed (default the settings'; without
-    :data:`~ollie.policy.WINOGRAD` no Winograd candidate), part of the choice's key. While the
-    settings' ``compile_libraries`` says no, a Winograd convolution is offered only where its
-    transforms are compiled already, and the choice is kept apart from the others."""
+    :data:`~ollie.policy.WINOGRAD` no Winograd candidate), part of the choice's key."""
     from ollie.kernels import winograd
     from ollie.libs import ort_conv
 
@@ -128,8 +126,6 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
                                                   activation, residual)}
     if impls.allows(WINOGRAD) and offers_winograd(op, tuple(weight.shape), input_shape,
                                                    stride, padding, dilation, groups):
-        if not current().compile_libraries():  # Winograd only if compiled: a choice apart
-            key = (*key, "compiled libraries only")
         builders[WINOGRAD] = (lambda: winograd.winograd_conv2d(
             weight, input_shape, stride, padding, dilation, bias, groups, activation,
             residual)) if op == "Conv2d" else (lambda: winograd.winograd_conv_transpose2d(

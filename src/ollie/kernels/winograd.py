@@ -67,7 +67,7 @@ import torch.nn.functional as F
 
 from ollie.kernels import blocked_gemm, winograd_overlap
 from ollie.kernels.winograd_codegen import block as channel_block
-from ollie.kernels.winograd_codegen import input_module, matrices, output_module, uncompiled
+from ollie.kernels.winograd_codegen import input_module, matrices, output_module
 from ollie.kernels.winograd_codegen import precompile as codegen_precompile
 from ollie.kernels.winograd_common import (
     CHANNELS_LAST_PLANE,
@@ -78,7 +78,6 @@ from ollie.kernels.winograd_common import (
     thread_workspace,
 )
 from ollie.libs import onednn
-from ollie.settings import current
 from ollie.tune.choice import Choices, shared
 
 log = logging.getLogger(__name__)
@@ -348,8 +347,7 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
     (:meth:`ollie.tune.choice.Choices.fastest`, cold caches; ``out_shape``: the output's, for the
     residual input). The choice is remembered per ``key`` (the convolution's configuration):
     a later build for it builds only the chosen form; ``choices``: the table asked (default
-    :func:`ollie.tune.choice.shared`). None, compiling nothing, when a transform it needs is
-    not compiled yet and the settings' ``compile_libraries`` says no."""
+    :func:`ollie.tune.choice.shared`)."""
     r, kp = parts[0][0].shape[-1], parts[0][0].shape[0]
     forms = {f"F({m}x{m})": (build, m, (("in", input_shape[1]), ("out", kp)))
              for m in tile_sizes(parts, out_size, dil)}
@@ -359,14 +357,11 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
     key = ("Winograd tile", *key)
     choices = choices or shared()
     chosen = choices.get(key)
-    # the transforms of the forms built, compiled side by side first; none compiled once
-    # the settings' compile_libraries says no (an optimisation's budget is spent)
-    transforms = [(kind, m, r, ch) for _, m, kinds in ([forms[chosen]] if chosen in forms
-                                                       else forms.values())
-                  for kind, ch in kinds]
-    if not current().compile_libraries() and uncompiled(transforms):
-        return None
-    codegen_precompile(transforms)
+    # the transforms of the forms built, compiled side by side first
+    codegen_precompile([(kind, m, r, ch)
+                        for _, m, kinds in ([forms[chosen]] if chosen in forms
+                                            else forms.values())
+                        for kind, ch in kinds])
     if chosen in forms:
         make, m, _ = forms[chosen]
         conv = make(m)

@@ -397,22 +397,6 @@ def overlap_modules(m: int, r: int, in_channels: int, out_channels: int):
             _module("lin_out", m, r, block(out_channels)))
 
 
-def uncompiled(transforms: list[tuple[str, int, int, int]]) -> int:
-    """How many of the transform modules ``transforms`` (as :func:`precompile` takes them) are
-    neither loaded in this process nor compiled in the kernel cache: each would take seconds
-    to compile."""
-    from ollie.codegen.cache import default_cache_dir
-    from ollie.codegen.precompile import compiled
-
-    directory = default_cache_dir()
-    count = 0
-    for kind, m, r, channels in dict.fromkeys(transforms):
-        canonical, stem = _names(kind, m, r, block(channels))
-        if canonical not in _MODULES and not compiled(directory / f"{stem}.py"):
-            count += 1
-    return count
-
-
 def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
     """Compile ahead, side by side in one process per core
     (:func:`ollie.codegen.precompile.compile_side_by_side`), the transform modules
@@ -455,4 +439,4 @@ def precompile(transforms: list[tuple[str, int, int, int]]) -> int:
 
 
 __all__ = ["INPUT_SIGNATURES", "KERNEL_VERSION", "OUTPUT_SIGNATURES", "block", "input_module",
-           "matrices", "output_module", "overlap_modules", "precompile", "uncompiled"]
+           "matrices", "output_module", "overlap_modules", "precompile"]

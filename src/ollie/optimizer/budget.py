@@ -23,12 +23,14 @@ budget"``).
 
 Every later phase checks :meth:`Budget.out_of_time` and falls back to the best program so
 far: sibling merges and chain fusion are not tried, whole-program comparisons that are not
-cached are skipped, and kernel-library code not compiled yet (Winograd transforms) is no
-longer compiled (:attr:`ollie.settings.Settings.compile_libraries`, :meth:`Budget.may_compile`):
-convolutions then choose among the vendor libraries. So the budget is exceeded by at most
+cached are skipped, and once the budget is spent no choice among implementations is measured
+any more (:attr:`ollie.settings.Settings.new_choices`, :meth:`Budget.may_choose`): an
+operator whose library was not chosen before runs the framework's implementation, built alone
+(no Winograd transforms compiled, no probes). So the budget is exceeded by at most
 (:meth:`Budget.overshoot_bound`): the work in flight when it ran out (one subprogram's search
-and selection, whose measurement is bounded by its share) and the end-to-end check, which
-always runs (a returned program is always checked) but compiles no new library code.
+and selection, whose measurement is bounded by its share, or one library choice) and the
+end-to-end check, which always runs (a returned program is always checked) but measures no
+new choice.
 
 Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
 Why these constants: docs/design/029-cold-budget.md.
@@ -147,9 +149,9 @@ class Budget:
         phase (sibling merging, chain fusion)."""
         return self.search_left() <= 0 or bool(self.skipped)
 
-    def may_compile(self) -> bool:
-        """Whether kernel-library code not compiled yet may still be compiled (the budget is
-        not spent): :attr:`ollie.settings.Settings.compile_libraries` while optimising."""
+    def may_choose(self) -> bool:
+        """Whether a choice among implementations not made before may still be measured (the
+        budget is not spent): :attr:`ollie.settings.Settings.new_choices` while optimising."""
         return not self.spent()
 
     @contextmanager
@@ -223,8 +225,8 @@ class Budget:
         a selection's compiling and verifying (``selection_s``; its search and its measurement
         last at most its share each: a search started with ``L`` seconds of the searches' part
         left ends at most ``max(cap, 2 min(cap, MIN_SHARE)) - L`` after it), the end-to-end check
-        with the whole-program comparisons started before the budget was spent, without new
-        library code (``check_s``), and one convolution configuration's library compile in
+        with the whole-program comparisons started before the budget was spent, measuring no
+        new library choice (``check_s``), and one library choice (its builds and probes) in
         flight when it was spent (``compile_s``): no search starts once the searches' part
         (all but :attr:`reserve`) is spent, so only the search in flight then, the check and
         that compile reach past it."""

@@ -428,8 +428,8 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
               ) -> OptimizedModel:
     t0 = time.perf_counter()
     budget = Budget(cfg.total_budget, cfg.time_budget, current().search_clock)
-    # every phase inside the budget; once it is spent, no new kernel-library code compiled
-    with using(compile_libraries=budget.may_compile):
+    # every phase inside the budget; once it is spent, no new library choice measured
+    with using(new_choices=budget.may_choose):
         with budget.phase("import"):
             graph = to_graph(model, example_inputs)
         return _optimize_graph(graph, cfg, progress, example_inputs, budget, t0)
