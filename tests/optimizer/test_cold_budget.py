@@ -113,6 +113,15 @@ def test_the_budget_is_overshot_by_at_most_the_work_in_flight_and_the_check(
     assert budget.overshoot_bound(select_s, check_s, 0.0) == pytest.approx(
         cap + select_s - budget.reserve + check_s)
     assert Budget(None, cap, FakeClock()).overshoot_bound(1.0, 1.0, 1.0) == math.inf
+    # again with the same budget: the same program, nothing searched (warm); a larger budget
+    # searches what this one left
+    clock.now = 0.0
+    again, searches, _ = _run(clock, select_s, check_s, time_budget=cap, total_budget=total)
+    assert searches == [] and [r.refused for r in again.report] == \
+        [None, TIME_BUDGET, TIME_BUDGET]
+    clock.now = 0.0
+    more, searches, _ = _run(clock, select_s, check_s, time_budget=cap, total_budget=60.0)
+    assert len(searches) == 2 and [r.refused for r in more.report] == [None, None, None]
 
 
 def test_an_unbounded_optimisation_compiles_library_code_and_has_no_budget_note(

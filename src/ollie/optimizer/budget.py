@@ -144,10 +144,10 @@ class Budget:
         return self.left() <= 0
 
     def out_of_time(self) -> bool:
-        """Whether the searches' part of the budget is spent, or a subprogram was already left
-        unsearched for it: what remains of it then goes to no optional work of the search
-        phase (sibling merging, chain fusion)."""
-        return self.search_left() <= 0 or bool(self.skipped)
+        """Whether no search would start now (:meth:`share`), or a subprogram was already
+        left unsearched for the budget: what remains of it then goes to no optional work of
+        the search phase (sibling merging, chain fusion)."""
+        return self.share() is None or bool(self.skipped)
 
     def may_choose(self) -> bool:
         """Whether a choice among implementations not made before may still be measured (the
@@ -173,26 +173,54 @@ class Budget:
         an expression whose decision is not in ``cache`` (looked up for the inputs measured
         channels-last as a convolution's output usually is, and not). An estimate: layouts
         are only known as the optimizer goes. A default total (:data:`AUTO`) is fixed here:
-        :func:`default_total` of the number of distinct expressions of ``nodes``."""
+        :func:`default_total` of the number of distinct expressions of ``nodes``. A
+        subprogram left unsearched by a budget of the same total before (:meth:`share_for`)
+        is not searched either."""
         if not self.bounded:
             return
-        distinct: set[str] = set()
+        lowered: list[tuple[str, str, frozenset[str]]] = []
         for node in nodes:
             try:
                 expr, names = canonical_names(graph.lower_node(node).expr)
             except Exception:  # not lowered: kept as it is, no search
                 continue
-            fp = fingerprint(expr)
-            distinct.add(fp)
-            acts = frozenset(canon for orig, canon in names.items()
-                             if orig not in constants and len(graph.shape(orig)) == 4)
-            if cache is not None and any(
-                    cache.get_decision(decision_key(cfg, fp, cl, partial)) is not None
-                    for cl in {frozenset(), acts} for partial in (False, True)):
-                continue
-            self.pending[node.name] = fp
+            lowered.append((node.name, fingerprint(expr), frozenset(
+                canon for orig, canon in names.items()
+                if orig not in constants and len(graph.shape(orig)) == 4)))
         if self.auto:
-            self.total = default_total(len(distinct))
+            self.total = default_total(len({fp for _, fp, _ in lowered}))
+        for name, fp, acts in lowered:
+            if cache is not None and any(
+                    cache.get_decision(key) is not None for cl in {frozenset(), acts}
+                    for key in (*self.keys(cfg, fp, cl), self.skip_key(cfg, fp, cl))):
+                continue
+            self.pending[name] = fp
+
+    def keys(self, cfg: OptimizeConfig, fp: str, channels_last: frozenset[str]) -> list[str]:
+        """The decision keys a subprogram's decision is looked up by (:func:`decision_key`;
+        under a total budget, the partial one too)."""
+        return [decision_key(cfg, fp, channels_last, partial)
+                for partial in ((False, True) if self.bounded else (False,))]
+
+    def skip_key(self, cfg: OptimizeConfig, fp: str, channels_last: frozenset[str]) -> str:
+        """The key recording that a budget of this total left the subprogram unsearched."""
+        return f"{decision_key(cfg, fp, channels_last, True)}|skipped{self.total or 0:g}"
+
+    def share_for(self, cache: CostCache | None, cfg: OptimizeConfig, fp: str,
+                  channels_last: frozenset[str]) -> float | None:
+        """:meth:`share` for a subprogram not decided before; None, without a search, also
+        when a budget of the same total left it unsearched before (recorded in ``cache``
+        whenever that happens): optimising the same model again with the same budget makes
+        the same program, warm, and a larger budget searches it."""
+        key = self.skip_key(cfg, fp, channels_last)
+        if not self.bounded or cache is None:
+            return self.share()
+        if cache.get_decision(key) is not None:
+            return None
+        share = self.share()
+        if share is None:
+            cache.put_decision(key, "{}")
+        return share
 
     def share(self) -> float | None:
         """Seconds of search for the next subprogram searched; None when the budget is spent

@@ -37,7 +37,7 @@ from ollie.graph.chains import contraction_chains
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
-from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget, decision_key
+from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget
 from ollie.optimizer.chains import ChainOutcome
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
@@ -311,14 +311,13 @@ class _Optimizer(MultiNode):
         total budget; None when that is spent (:mod:`ollie.optimizer.budget`)."""
         cfg = self.config
         fp = fingerprint(expr)
-        keys = [decision_key(cfg, fp, channels_last, partial)
-                for partial in ((False, True) if self.budget.bounded else (False,))]
+        keys = self.budget.keys(cfg, fp, channels_last)
         for key in keys:
             doc = None if self.cache is None else self.cache.get_decision(key)
             cached = None if doc is None else cached_outcome(doc, expr, weights)
             if cached is not None:
                 return cached
-        share = self.budget.share()
+        share = self.budget.share_for(self.cache, cfg, fp, channels_last)
         if share is None:
             return None
         t0 = self.budget.clock()
