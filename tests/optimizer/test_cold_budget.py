@@ -13,10 +13,12 @@ import torch
 from torch import nn
 
 import ollie
+from ollie.exec.conv import TORCH
 from ollie.libs import onednn
 from ollie.optimizer import model as model_mod
 from ollie.optimizer.budget import AUTO, TIME_BUDGET, Budget, default_total
 from ollie.optimizer.plausible import FAR_BEHIND, PLAUSIBLE, plausible
+from ollie.program.params import KernelKind
 from ollie.search import DeriveResult
 from ollie.search.candidate import Candidate
 from ollie.settings import current
@@ -106,6 +108,10 @@ def test_the_budget_is_overshot_by_at_most_the_work_in_flight_and_the_check(
     assert searches == [(0.0, (total - budget.reserve) / 3)]
     assert all(start < total - budget.reserve for start, _ in searches)
     assert [r.refused for r in prog.report] == [None, TIME_BUDGET, TIME_BUDGET]
+    # those left unsearched run PyTorch's convolution: no library choice measured for them
+    libs = {k.params.node.name: k.params.library for k in prog.program.kernels
+            if k.kind is KernelKind.NODE}
+    assert libs["conv2d_1"] == libs["conv2d_2"] == TORCH
     # the check always runs, but compiles no new library code once the budget is spent
     assert compiles == [False]
     assert clock.now == searches[0][1] + select_s + check_s > total

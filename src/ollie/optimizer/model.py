@@ -209,7 +209,10 @@ class _Optimizer(MultiNode):
             self.budget.decided(node.name)
 
     def refused(self, node: Node, reason: str) -> list[Kernel]:
-        """``node`` kept as it is without a search, ``reason`` in its report."""
+        """``node`` kept as it is without a search, ``reason`` in its report; left by the
+        total budget, it runs PyTorch's implementation (no library choice measured for it)."""
+        if reason == TIME_BUDGET:
+            self.torch_originals.add(node.name)
         self.report.append(SubprogramReport(node.name, node.op, node.op, ORIGINAL, [], 0.0,
                                             0.0, refused=reason))
         return self.node_kernel(node)
