@@ -83,7 +83,10 @@ class Settings:
     (:class:`ollie.search.SearchConfig`'s ``clock`` when it is None). ``measure_clock``: the
     time source of every measurement (:mod:`ollie.tune.measure`). A test's fake clocks:
     :mod:`ollie.testing.clock`. ``sleep``: how a measurement waits for other threads to go
-    idle (its ``settle``); a test passes one that only records.
+    idle (its ``settle``); a test passes one that only records. ``budget_clock``: the time
+    source of ``ollie.optimize``'s total budget (:mod:`ollie.optimizer.budget`); the test
+    suite stops it for every test but those of the budget, so that what an optimisation
+    searches does not depend on how busy the machine is.
 
     ``load``: the machine's one-minute load average (runnable processes; :func:`os.getloadavg`,
     0 where there is none); a measured choice made while it is high is measured again before
@@ -119,6 +122,7 @@ class Settings:
     cuda_interpret: bool = False
     search_clock: Clock = time.perf_counter
     measure_clock: Clock = time.perf_counter
+    budget_clock: Clock = time.perf_counter
     sleep: Callable[[float], object] = time.sleep
     load: Callable[[], float] = _load_average
     pause_gc_while_timing: bool = True

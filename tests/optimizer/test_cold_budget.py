@@ -1,7 +1,7 @@
 """The whole-model budget covers every phase (issue 45): the default budget, the phases timed,
 the searches leaving a reserve to the end, no new library code compiled once the budget is
 spent, the overshoot bounded, and only the plausible candidates built. Time is a fake clock
-(``search_clock``) that each stubbed phase moves on by what it "costs": what runs is counted,
+(``budget_clock``) that each stubbed phase moves on by what it "costs": what runs is counted,
 never timed."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _budget_note(prog: ollie.OptimizedModel) -> str:
 def test_the_default_budget_is_scaled_with_the_model_and_every_phase_is_timed(
         ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     prog, searches, compiles = _run(clock, select_s=0.5, check_s=0.25, time_budget=2.0)
     total = default_total(3)  # three distinct subprograms
     assert len(searches) == 3 and all(share == 2.0 for _, share in searches)
@@ -99,7 +99,7 @@ def test_the_default_budget_is_scaled_with_the_model_and_every_phase_is_timed(
 def test_the_budget_is_overshot_by_at_most_the_work_in_flight_and_the_check(
         ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     total, cap, select_s, check_s = 6.0, 2.0, 4.0, 1.0
     prog, searches, compiles = _run(clock, select_s, check_s, time_budget=cap,
                                     total_budget=total)
@@ -133,7 +133,7 @@ def test_the_budget_is_overshot_by_at_most_the_work_in_flight_and_the_check(
 def test_an_unbounded_optimisation_compiles_library_code_and_has_no_budget_note(
         ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     prog, searches, compiles = _run(clock, 10.0, 10.0, time_budget=1.0, total_budget=None)
     assert len(searches) == 3 and compiles == [True]
     assert not any(n.startswith("total time budget") for n in prog.notes)
@@ -150,6 +150,7 @@ def test_only_the_plausible_candidates_are_built():
     assert plausible(ranked, 2.0, limit=5) == [ranked[i] for i in (0, 2, 3, 4, 5)]
     assert plausible(ranked, 5.0 / FAR_BEHIND, limit=2) == ranked[:2]  # at the limit: kept
     assert plausible(ranked, math.nan) == ranked[:PLAUSIBLE]  # not measured: by rank only
+    assert plausible(ranked, 0.0) == ranked[:PLAUSIBLE]  # a stopped clock: likewise
     assert plausible([], 1.0) == []
 
 

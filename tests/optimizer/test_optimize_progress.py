@@ -63,7 +63,7 @@ def test_optimize_help_says_the_time_budget_is_for_the_whole_model(capsys):
         build_parser().parse_args(["optimize", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--time-budget S total seconds for the whole model, every phase included " \
-        "(default 'auto': 15 s + 2 s per distinct subprogram, at most 120 s; 'none': no " \
+        "(default 'auto': 30 s + 1.25 s per distinct subprogram, at most 120 s; 'none': no " \
         "limit)" in text
     assert "--subprogram-budget S search seconds per distinct subprogram" in text
 

@@ -1,7 +1,7 @@
 """``OptimizeConfig.total_budget``: each distinct subprogram searches for its share of what is
 left of a whole-model budget, and once it is spent the remaining subprograms keep their
 original operators (or a cached decision) and say so in the report. Time is a fake clock
-(``search_clock``) that the test moves on by one second per subprogram from the progress
+(``budget_clock``) that the test moves on by one second per subprogram from the progress
 callback: what is searched and what is skipped is counted, never timed. The searches are
 recorded and find nothing (what they find is not what a budget decides), and measurements
 run on a ticking fake clock, so that each optimisation takes little real time."""
@@ -143,7 +143,7 @@ def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
 
 def test_a_spent_budget_keeps_the_remaining_subprograms(ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     # the searches' part: 3.5 s less the reserve 0.875 s; t=1: 1.625 s left for 3
     # subprograms (floor 1 s); t=2: 0.625 s left for 2 (floor); t=3: spent; t=4 (the end of
     # the searches): the whole budget spent
@@ -170,7 +170,7 @@ def test_a_spent_budget_keeps_the_remaining_subprograms(ollie_settings, tmp_path
 
 def test_a_budget_that_lasts_shares_it_out(ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     # the searches' part: 8 s less the reserve 2 s; t=1: 5 s for 3; t=2: 4 s for 2; t=3: 3 s
     # for the last (searches take no time on the clock: no overhead)
     prog, shares = _optimize(clock, time_budget=30.0, total_budget=8.0)
@@ -181,7 +181,7 @@ def test_a_budget_that_lasts_shares_it_out(ollie_settings, tmp_path):
 def test_without_a_total_budget_every_search_gets_the_per_subprogram_budget(ollie_settings,
                                                                             tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
     prog, shares = _optimize(clock, 1000.0, time_budget=0.5, total_budget=None)
     assert shares == [0.5, 0.5, 0.5]
     assert not any(n.startswith("total time budget") for n in prog.notes)

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder to save the optimised program (default: NAME.ollie)")
     p.add_argument("--time-budget", type=total_budget_arg, default="auto", metavar="S",
                    help="total seconds for the whole model, every phase included (default "
-                        "'auto': 15 s + 2 s per distinct subprogram, at most 120 s; 'none': "
+                        "'auto': 30 s + 1.25 s per distinct subprogram, at most 120 s; 'none': "
                         "no limit): each distinct subprogram searches for a share of what is "
                         "left, at most --subprogram-budget; once spent, the rest keep their "
                         "original operators (or a cached decision) and the best program so "

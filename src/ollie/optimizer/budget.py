@@ -32,7 +32,8 @@ and selection, whose measurement is bounded by its share, or one library choice)
 end-to-end check, which always runs (a returned program is always checked) but measures no
 new choice.
 
-Time is read from :attr:`ollie.settings.Settings.search_clock` (tests inject a fake clock).
+Time is read from :attr:`ollie.settings.Settings.budget_clock` (tests inject a fake clock; the
+test suite stops it for every other test).
 Why these constants: docs/design/029-cold-budget.md.
 """
 
@@ -59,11 +60,12 @@ little beyond the original operator."""
 AUTO: Literal["auto"] = "auto"
 """The default :attr:`OptimizeConfig.total_budget`: :func:`default_total` seconds."""
 
-AUTO_BASE = 15.0
-"""Seconds of a default total budget for a model without compute operators (importing it,
-checking the program)."""
+AUTO_BASE = 30.0
+"""Seconds of a default total budget before its subprograms are counted: importing the model,
+checking the program, and the one-off costs the first selection pays (the roofline probe,
+compiling library code), which a small model's searches must not be left without."""
 
-AUTO_PER_SUBPROGRAM = 2.0
+AUTO_PER_SUBPROGRAM = 1.25
 """Seconds a default total budget adds per distinct subprogram (distinct compute expression)."""
 
 AUTO_CAP = 120.0

@@ -27,8 +27,8 @@ class OptimizeConfig:
     verified program chosen; off, every subprogram keeps its original operator (no search),
     while the rest of the pipeline (post-processing, library choice, the end-to-end check)
     runs as usual. ``total_budget``: seconds of wall-clock time for the whole optimisation,
-    every phase of it inside (:mod:`ollie.optimizer.budget`); by default ``"auto"``: 15 s
-    plus 2 s per distinct subprogram, at most 120 s
+    every phase of it inside (:mod:`ollie.optimizer.budget`); by default ``"auto"``: 30 s
+    plus 1.25 s per distinct subprogram, at most 120 s
     (:func:`~ollie.optimizer.budget.default_total`); None: unbounded. Each distinct
     subprogram then searches for its share of what is left (at most ``time_budget``) and only
     its few plausible candidates are built (:mod:`ollie.optimizer.plausible`); once it is

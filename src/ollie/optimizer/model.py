@@ -117,7 +117,7 @@ class _Optimizer(MultiNode):
         self.torch_originals: set[str] = set()
         """Nodes whose original operator runs PyTorch's implementation when kept."""
         self.budget = budget or Budget(config.total_budget, config.time_budget,
-                                       current().search_clock)
+                                       current().budget_clock)
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -429,7 +429,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
               cfg: OptimizeConfig, progress: Callable[[str, int, int], None] | None
               ) -> OptimizedModel:
     t0 = time.perf_counter()
-    budget = Budget(cfg.total_budget, cfg.time_budget, current().search_clock)
+    budget = Budget(cfg.total_budget, cfg.time_budget, current().budget_clock)
     # every phase inside the budget; once it is spent, no new library choice measured
     with using(new_choices=budget.may_choose):
         with budget.phase("import"):

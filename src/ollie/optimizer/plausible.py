@@ -39,12 +39,13 @@ def plausible(candidates: Sequence[Candidate], original_s: float, limit: int = P
               far: float = FAR_BEHIND) -> list[Candidate]:
     """The first ``limit`` of ``candidates`` (in their rank order) whose estimated seconds
     (:attr:`Candidate.cost`; unknown: kept) are at most ``far`` times ``original_s``, the
-    original operator's measured time (not finite: no candidate dropped for it)."""
+    original operator's measured time (not a positive, finite time, as on a stopped clock:
+    no candidate dropped for it)."""
     keep: list[Candidate] = []
     for cand in candidates:
         if len(keep) >= limit:
             break
-        if math.isfinite(original_s) and math.isfinite(cand.cost) and \
+        if 0 < original_s < math.inf and math.isfinite(cand.cost) and \
                 cand.cost > far * original_s:
             continue
         keep.append(cand)
