@@ -86,8 +86,9 @@ def test_each_subprogram_gets_its_share_of_what_is_left():
     clock.advance(10.0)  # 1 s left to the searches: no more than a selection takes
     assert not budget.spent() and budget.share() is None
     assert budget.out_of_time()  # no search would start: no sibling merge either
+    assert budget.may_compare()  # whole-program comparisons may still run
     budget.skipped.append("d")  # left unsearched: no optional work either
-    assert budget.out_of_time()
+    assert budget.out_of_time() and not budget.may_compare()
     clock.advance(1.0)  # the searches' part spent; the reserve is not: library code compiles
     assert budget.share() is None and not budget.spent() and budget.may_choose()
     clock.advance(5.0)

@@ -21,16 +21,18 @@ less than that overhead, a subprogram not decided before (in this optimisation, 
 decision cache) keeps its original operator without a search (its report says ``"time
 budget"``).
 
-Every later phase checks :meth:`Budget.out_of_time` and falls back to the best program so
-far: sibling merges and chain fusion are not tried, whole-program comparisons that are not
-cached are skipped, and once the budget is spent no choice among implementations is measured
-any more (:attr:`ollie.settings.Settings.new_choices`, :meth:`Budget.may_choose`): an
-operator whose library was not chosen before runs the framework's implementation, built alone
-(no Winograd transforms compiled, no probes). So the budget is exceeded by at most
-(:meth:`Budget.overshoot_bound`): the work in flight when it ran out (one subprogram's search
-and selection, whose measurement is bounded by its share, or one library choice) and the
-end-to-end check, which always runs (a returned program is always checked) but measures no
-new choice.
+Every later phase checks the budget and falls back to the best program so far: sibling
+merges and chain fusion are not tried once no search would start (:meth:`Budget.out_of_time`),
+whole-program comparisons that are not cached are skipped once a subprogram went unsearched or
+the budget is spent (:meth:`Budget.may_compare`), and once the budget is spent no choice
+among implementations is measured any more (:attr:`ollie.settings.Settings.new_choices`,
+:meth:`Budget.may_choose`): an operator whose library was not chosen before runs the
+framework's implementation, built alone (no Winograd transforms compiled, no probes); a
+subprogram left unsearched runs PyTorch's implementation, pinned in the program. So the
+budget is exceeded by at most (:meth:`Budget.overshoot_bound`): the work in flight when it
+ran out (one subprogram's search and selection, whose measurement is bounded by its share, or
+one library choice) and the end-to-end check, which always runs (a returned program is always
+checked) but measures no new choice.
 
 Time is read from :attr:`ollie.settings.Settings.budget_clock` (tests inject a fake clock; the
 test suite stops it for every other test).
@@ -150,6 +152,13 @@ class Budget:
         left unsearched for the budget: what remains of it then goes to no optional work of
         the search phase (sibling merging, chain fusion)."""
         return self.share() is None or bool(self.skipped)
+
+    def may_compare(self) -> bool:
+        """Whether the whole-program comparisons not cached (library variants, the context
+        step) may run: the budget is not spent and no subprogram was left unsearched for it
+        (they time the whole program many times and compile what a variant needs, without a
+        deadline of their own)."""
+        return not (self.spent() or self.skipped)
 
     def may_choose(self) -> bool:
         """Whether a choice among implementations not made before may still be measured (the

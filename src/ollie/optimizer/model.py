@@ -454,7 +454,7 @@ def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
     with budget.phase("check"):
         ref = reference(graph, cfg, notes, example_inputs)
         prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals,
-                                        ref, timed=not budget.spent())
+                                        ref, timed=budget.may_compare())
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
@@ -468,7 +468,7 @@ def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = decision.choice if decision is not None else PER_OPERATOR
-        timed = not budget.spent()
+        timed = budget.may_compare()
         try:
             with budget.phase("context"):
                 refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
