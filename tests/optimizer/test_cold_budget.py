@@ -221,3 +221,30 @@ def test_a_default_budget_is_fixed_by_the_plan():
     budget = Budget(AUTO, 30.0, FakeClock())
     assert budget.total == default_total(0)
     assert Budget(None, 30.0, FakeClock()).describe() == ""
+
+
+def test_a_budget_that_left_subprograms_unsearched_compares_only_the_regions(
+        ollie_settings, tmp_path):
+    from ollie.graph import run_graph
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.final import all_nodes, libraries
+    from ollie.optimizer.importing import to_graph
+    from ollie.tune.cache import CostCache
+
+    ollie_settings(cache_dir=tmp_path, **QUICK)
+    m, x = _model()
+    graph = to_graph(m, (x,))
+    prog = all_nodes(graph)
+    feeds = {graph.input_names[0]: x}
+    want = run_graph(graph, feeds)
+    cfg = OptimizeConfig(settle=0.0)
+    cache = CostCache()
+    seen = []
+    for allowed in (False, True, True):
+        notes: list[str] = []
+        with ollie.settings.using(new_choices=lambda allowed=allowed: allowed):
+            got, decision = libraries(prog, feeds, want, cfg, notes, cache, timed=False)
+        assert got is prog and decision is None  # equal times on the fake clock: kept
+        seen.append([n.split(" (")[0] for n in notes if "quick comparison" in n])
+    # spent: not compared; left subprograms unsearched: compared, then cached
+    assert seen == [[], ["convolution libraries, quick comparison: per operator"], []], notes
