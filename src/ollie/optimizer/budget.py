@@ -32,7 +32,8 @@ subprogram left unsearched runs PyTorch's implementation, pinned in the program.
 budget is exceeded by at most (:meth:`Budget.overshoot_bound`): the work in flight when it
 ran out (one subprogram's search and selection, whose measurement is bounded by its share, or
 one library choice) and the end-to-end check, which always runs (a returned program is always
-checked) but measures no new choice.
+checked) but measures no new choice except the bounded comparison with ONNX Runtime regions
+(:func:`ollie.optimizer.final.quick_regions`).
 
 Time is read from :attr:`ollie.settings.Settings.budget_clock` (tests inject a fake clock; the
 test suite stops it for every other test).
@@ -261,14 +262,15 @@ class Budget:
 
     def overshoot_bound(self, selection_s: float, check_s: float, compile_s: float) -> float:
         """The most seconds an optimisation may run past its total budget, given the longest
-        a selection's compiling and verifying (``selection_s``; its search and its measurement
-        last at most its share each: a search started with ``L`` seconds of the searches' part
-        left ends at most ``max(cap, 2 min(cap, MIN_SHARE)) - L`` after it), the end-to-end check
-        with the whole-program comparisons started before the budget was spent, measuring no
-        new library choice (``check_s``), and one library choice (its builds and probes) in
-        flight when it was spent (``compile_s``): no search starts once the searches' part
-        (all but :attr:`reserve`) is spent, so only the search in flight then, the check and
-        that compile reach past it."""
+        a selection's compiling and verifying take (``selection_s``; its search and its
+        measurement last at most its share each, so a search started with ``L`` seconds of
+        the searches' part left ends at most ``max(cap, 2 min(cap, MIN_SHARE)) + selection_s
+        - L`` after it), the end-to-end check (``check_s``: with the whole-program
+        comparisons started before the budget was spent and the quick regions comparison; no
+        new library choice measured) and one library choice, its builds and probes, in flight
+        when the budget was spent (``compile_s``). No search starts once the searches' part
+        (all but :attr:`reserve`) is spent: only the search in flight then, the check and
+        that choice reach past the budget."""
         if self.total is None:
             return math.inf
         search = max(self.cap, 2 * min(self.cap, MIN_SHARE)) + selection_s

@@ -43,7 +43,6 @@ from ollie.optimizer.libraries import (
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, kernel_to_json
-from ollie.settings import current
 from ollie.tune.cache import CostCache, device_key
 
 if TYPE_CHECKING:
@@ -265,9 +264,8 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
     and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
-    decision found in ``cache`` is applied; without one every variant is not timed (a note
-    says so), only :func:`quick_regions` while the settings' ``new_choices`` allows a
-    measured choice (a total budget left subprograms unsearched but is not spent)."""
+    decision found in ``cache`` is applied; without one the variants are not timed (a note
+    says so) but for :func:`quick_regions`, whose time is bounded."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -284,8 +282,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             notes.append("convolution libraries and the original operators not compared in "
                          "the whole program: the total time budget ran out and no choice "
                          "was cached")
-            if current().new_choices():  # time for a choice is left: the quick one
-                return quick_regions(prog, feeds, want, cfg, notes, cache)
+            return quick_regions(prog, feeds, want, cfg, notes, cache)
         return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
@@ -299,12 +296,17 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
 QUICK_ROUNDS = 5
 """Interleaved rounds of :func:`quick_regions` (a whole program per sample)."""
 
+QUICK_SECONDS = 5.0
+"""Later rounds of :func:`quick_regions` stop after this long."""
+
 
 def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
                   want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
                   cache: CostCache | None) -> tuple[Program, LibraryDecision | None]:
-    """The one whole-program library comparison a total budget affords after it left
-    subprograms unsearched: ``prog`` against its ONNX Runtime regions
+    """The one whole-program library comparison made when a total budget left subprograms
+    unsearched or is spent (its time is bounded: part of the end-to-end check,
+    :meth:`ollie.optimizer.budget.Budget.overshoot_bound`): ``prog`` against its ONNX Runtime
+    regions
     (:data:`~ollie.optimizer.libraries.REGIONS`: no code compiled, one session per region),
     :data:`QUICK_ROUNDS` interleaved rounds; the regions are kept only when they match
     ``want`` and are faster with confidence (:func:`ollie.tune.decide.faster`). The decision
@@ -335,8 +337,8 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
         except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
             log.info("ONNX Runtime regions not compared: %s", exc)
             return prog, None
-        timed = measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, min_sample=0.02,
-                               lead_calls=1, settle=cfg.settle,
+        timed = measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, max_seconds=QUICK_SECONDS,
+                               min_sample=0.02, lead_calls=1, settle=cfg.settle,
                                lead_seconds=settled_lead(cfg.settle), settle_around=spinning)
         wins = faster(timed.samples[REGIONS], timed.samples[PER_OPERATOR]).decided
         chosen, doc = (regions, REGIONS) if wins else (prog, PER_OPERATOR)
