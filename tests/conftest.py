@@ -33,6 +33,7 @@ import pytest
 from hypothesis import settings
 
 from ollie.settings import Settings, using
+from ollie.testing.clock import stopped_clock
 
 CPU_HOG = Path(__file__).resolve().parent.parent / "tools" / "cpu_hog.py"
 
@@ -101,24 +102,27 @@ def _timing_under_load(request: pytest.FixtureRequest) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
     """Fixtures of a wider scope than one test (a module's optimised model) are set up on a
-    quiet machine too: they are made before :func:`_quiet_machine` applies to the first test
-    that uses them."""
+    quiet machine too, with a stopped total-budget clock: they are made before
+    :func:`_quiet_machine` applies to the first test that uses them."""
     if fixturedef.scope == "function":
         return (yield)
-    with using(load=lambda: 0.0):
+    with using(load=lambda: 0.0, budget_clock=stopped_clock):
         return (yield)
 
 
 @pytest.fixture(autouse=True)
 def _quiet_machine(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test sees a quiet machine (load average 0): whether a measurement is re-checked
-    before it is cached (:func:`ollie.tune.decide.busy`) does not depend on what else runs.
-    Tests of the behaviour under load set ``load`` with :func:`ollie_settings`; tests marked
-    ``process_settings`` (of the process's settings themselves) run without the override."""
+    before it is cached (:func:`ollie.tune.decide.busy`) does not depend on what else runs;
+    and a stopped total-budget clock (``budget_clock``): what ``ollie.optimize``'s default
+    budget leaves unsearched does not depend on how busy the machine is. Tests of the
+    behaviour under load set ``load``, tests of the budget ``budget_clock``, with
+    :func:`ollie_settings`; tests marked ``process_settings`` (of the process's settings
+    themselves) run without the override."""
     if request.node.get_closest_marker("process_settings") is not None:
         yield
         return
-    with using(load=lambda: 0.0):
+    with using(load=lambda: 0.0, budget_clock=stopped_clock):
         yield
 
 

@@ -52,6 +52,10 @@ Clock = Callable[[], float]
 """A time source: seconds from an arbitrary origin, never decreasing."""
 
 
+def _always() -> bool:
+    return True
+
+
 def _load_average() -> float:
     """The one-minute load average, 0.0 where the system has none."""
     try:
@@ -79,7 +83,10 @@ class Settings:
     (:class:`ollie.search.SearchConfig`'s ``clock`` when it is None). ``measure_clock``: the
     time source of every measurement (:mod:`ollie.tune.measure`). A test's fake clocks:
     :mod:`ollie.testing.clock`. ``sleep``: how a measurement waits for other threads to go
-    idle (its ``settle``); a test passes one that only records.
+    idle (its ``settle``); a test passes one that only records. ``budget_clock``: the time
+    source of ``ollie.optimize``'s total budget (:mod:`ollie.optimizer.budget`); the test
+    suite stops it for every test but those of the budget, so that what an optimisation
+    searches does not depend on how busy the machine is.
 
     ``load``: the machine's one-minute load average (runnable processes; :func:`os.getloadavg`,
     0 where there is none); a measured choice made while it is high is measured again before
@@ -95,6 +102,13 @@ class Settings:
     :class:`ollie.exec.executor.CompiledProgram` keeps the one in effect when it is built,
     and a restricted one joins every cache key of a choice or a measurement.
 
+    ``new_choices``: asked before a choice among implementations that is not remembered
+    yet is measured (:class:`ollie.tune.choice.Choices`: building every implementation packs
+    weights, compiles Winograd transforms, then probes them); False: the framework's own
+    implementation (the choice's baseline) is built alone and used, nothing remembered. The
+    optimizer's total budget answers False once it is spent
+    (:meth:`ollie.optimizer.budget.Budget.may_choose`).
+
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
     :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
@@ -108,11 +122,13 @@ class Settings:
     cuda_interpret: bool = False
     search_clock: Clock = time.perf_counter
     measure_clock: Clock = time.perf_counter
+    budget_clock: Clock = time.perf_counter
     sleep: Callable[[float], object] = time.sleep
     load: Callable[[], float] = _load_average
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL
+    new_choices: Callable[[], bool] = _always
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -50,7 +50,11 @@ def test_optimize_flags_are_the_total_and_the_per_subprogram_budget(optimize_cli
                                 "--subprogram-budget", "5"])
     assert seen["total_budget"] == 20.0 and seen["time_budget"] == 5.0
     seen = optimize_cli_kwargs(["optimize", "zoo:srcnn"])
-    assert seen["total_budget"] is None and seen["time_budget"] == 30.0
+    assert seen["total_budget"] == "auto" and seen["time_budget"] == 30.0  # the default
+    seen = optimize_cli_kwargs(["optimize", "zoo:srcnn", "--time-budget", "None"])
+    assert seen["total_budget"] is None  # no limit
+    with pytest.raises(SystemExit):
+        optimize_cli_kwargs(["optimize", "zoo:srcnn", "--time-budget", "soon"])
 
 
 
@@ -58,7 +62,9 @@ def test_optimize_help_says_the_time_budget_is_for_the_whole_model(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["optimize", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--time-budget S total seconds for the whole model" in text
+    assert "--time-budget S total seconds for the whole model, every phase included " \
+        "(default 'auto': 30 s + 1.25 s per distinct subprogram, at most 120 s; 'none': no " \
+        "limit)" in text
     assert "--subprogram-budget S search seconds per distinct subprogram" in text
 
 
@@ -73,4 +79,4 @@ def test_bench_models_takes_the_same_budgets(monkeypatch):
     assert bench.run(args) == 0
     assert seen["total_budget"] == 60.0 and seen["args"][2] == 4.0
     args = build_parser().parse_args(["bench", "models", "--budget", "3"])
-    assert args.budget == 3.0 and args.time_budget is None
+    assert args.budget == 3.0 and args.time_budget == "auto"

@@ -1,7 +1,7 @@
 """``OptimizeConfig.total_budget``: each distinct subprogram searches for its share of what is
 left of a whole-model budget, and once it is spent the remaining subprograms keep their
 original operators (or a cached decision) and say so in the report. Time is a fake clock
-(``search_clock``) that the test moves on by one second per subprogram from the progress
+(``budget_clock``) that the test moves on by one second per subprogram from the progress
 callback: what is searched and what is skipped is counted, never timed. The searches are
 recorded and find nothing (what they find is not what a budget decides), and measurements
 run on a ticking fake clock, so that each optimisation takes little real time."""
@@ -17,7 +17,18 @@ from torch import nn
 import ollie
 from ollie.errors import ConfigError
 from ollie.optimizer import model as model_mod
-from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget, decision_key
+from ollie.optimizer.budget import (
+    AUTO,
+    AUTO_BASE,
+    AUTO_CAP,
+    AUTO_PER_SUBPROGRAM,
+    MIN_SHARE,
+    TAIL_FRACTION,
+    TIME_BUDGET,
+    Budget,
+    decision_key,
+    default_total,
+)
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import ORIGINAL
 from ollie.optimizer.report import SubprogramReport, tally
@@ -39,12 +50,21 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
     return m, torch.randn(1, 3, 6, 6)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, "soon"])
 def test_a_total_budget_must_be_positive(bad):
-    with pytest.raises(ConfigError, match="total_budget must be None or > 0 seconds"):
+    with pytest.raises(ConfigError, match="total_budget must be None, 'auto' or > 0 seconds"):
         OptimizeConfig(total_budget=bad)
-    assert OptimizeConfig().total_budget is None
+    assert OptimizeConfig().total_budget == AUTO  # the default budget
+    assert OptimizeConfig(total_budget=None).total_budget is None
     assert OptimizeConfig(total_budget=5.0).total_budget == 5.0
+
+
+def test_the_default_budget_scales_with_the_distinct_subprograms():
+    assert default_total(0) == AUTO_BASE
+    assert default_total(12) == AUTO_BASE + 12 * AUTO_PER_SUBPROGRAM
+    assert default_total(10_000) == AUTO_CAP
+    budget = Budget(AUTO, 30.0, FakeClock())
+    assert budget.auto and budget.total == default_total(0) and budget.bounded
 
 
 def test_each_subprogram_gets_its_share_of_what_is_left():
@@ -54,23 +74,27 @@ def test_each_subprogram_gets_its_share_of_what_is_left():
     assert unbounded.share() == 30.0 and not unbounded.spent() and unbounded.left() == math.inf
 
     clock = FakeClock()
-    budget = Budget(10.0, 30.0, clock)
+    budget = Budget(20.0, 30.0, clock)
+    assert budget.reserve == 20.0 * TAIL_FRACTION == 5.0  # left to the end of the run
     budget.pending = {"a": "f1", "b": "f2", "c": "f2", "d": "f3"}  # 3 distinct expressions
-    assert budget.share() == pytest.approx(10.0 / 3)
+    assert budget.share() == pytest.approx(15.0 / 3)
     budget.decided("b")  # and "c", the same expression
     assert budget.pending == {"a": "f1", "d": "f3"}
     clock.advance(4.0)
     budget.searched(3.0, 4.0)  # a second of selection beyond the share
-    assert budget.share() == pytest.approx(6.0 / 2 - 1.0)
-    clock.advance(5.0)  # 1 s left: no more than a selection takes
+    assert budget.share() == pytest.approx((16.0 - 5.0) / 2 - 1.0)
+    clock.advance(10.0)  # 1 s left to the searches: no more than a selection takes
     assert not budget.spent() and budget.share() is None
-    assert not budget.out_of_time()
+    assert budget.out_of_time()  # no search would start: no sibling merge either
+    assert budget.may_compare()  # whole-program comparisons may still run
     budget.skipped.append("d")  # left unsearched: no optional work either
-    assert budget.out_of_time()
-    clock.advance(1.0)
-    assert budget.spent() and budget.share() is None
+    assert budget.out_of_time() and not budget.may_compare()
+    clock.advance(1.0)  # the searches' part spent; the reserve is not: library code compiles
+    assert budget.share() is None and not budget.spent() and budget.may_choose()
+    clock.advance(5.0)
+    assert budget.spent() and budget.share() is None and not budget.may_choose()
     assert Budget(100.0, 2.0, FakeClock()).share() == 2.0  # the per-subprogram cap
-    few = Budget(2.0, 30.0, FakeClock())
+    few = Budget(4.0, 30.0, FakeClock())
     few.pending = {"a": "f1", "b": "f2", "c": "f3", "d": "f4"}
     assert few.share() == MIN_SHARE  # the floor
     few.searched(MIN_SHARE, 0.5)  # ended early: no overhead
@@ -120,16 +144,17 @@ def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
 
 def test_a_spent_budget_keeps_the_remaining_subprograms(ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
-    # t=1: 1.5 s left for 3 subprograms (floor 1 s); t=2: 0.5 s left for 2 (floor);
-    # t=3: spent
-    prog, shares = _optimize(clock, time_budget=30.0, total_budget=2.5, choose_libraries=True)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
+    # the searches' part: 3.5 s less the reserve 0.875 s; t=1: 1.625 s left for 3
+    # subprograms (floor 1 s); t=2: 0.625 s left for 2 (floor); t=3: spent; t=4 (the end of
+    # the searches): the whole budget spent
+    prog, shares = _optimize(clock, time_budget=30.0, total_budget=3.5, choose_libraries=True)
     assert shares == [MIN_SHARE, MIN_SHARE]
     assert [r.refused for r in prog.report] == [None, None, TIME_BUDGET]
     assert prog.report[2].chosen == ORIGINAL and prog.report[2].nodes == ["conv2d_2"]
     assert "(not searched: time budget)" in prog.summary()
     assert "1 not searched (time budget: 1)" in prog.summary()
-    assert any(n.startswith("total time budget 2.5 s") and "conv2d_2" in n
+    assert any(n.startswith("total time budget 3.5 s") and "conv2d_2" in n
                for n in prog.notes)
     # nothing timed for the whole program once it ran out
     assert any("not compared in the whole program: the total time budget ran out" in n
@@ -139,26 +164,26 @@ def test_a_spent_budget_keeps_the_remaining_subprograms(ollie_settings, tmp_path
         [None, None, TIME_BUDGET]
     # again, spent from the first subprogram on: the decisions made above cost nothing (no
     # search); the subprogram never searched is still kept as it is
-    again, shares = _optimize(clock, 10.0, time_budget=30.0, total_budget=2.5)
+    again, shares = _optimize(clock, 10.0, time_budget=30.0, total_budget=3.5)
     assert shares == []
     assert [r.refused for r in again.report] == [None, None, TIME_BUDGET]
 
 
 def test_a_budget_that_lasts_shares_it_out(ollie_settings, tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
-    # t=1: 3.5 s for 3; t=2: 2.5 s for 2; t=3: 1.5 s for the last (searches take no time on
-    # the clock: no overhead)
-    prog, shares = _optimize(clock, time_budget=30.0, total_budget=4.5)
-    assert shares == pytest.approx([3.5 / 3, 2.5 / 2, 1.5])
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
+    # the searches' part: 8 s less the reserve 2 s; t=1: 5 s for 3; t=2: 4 s for 2; t=3: 3 s
+    # for the last (searches take no time on the clock: no overhead)
+    prog, shares = _optimize(clock, time_budget=30.0, total_budget=8.0)
+    assert shares == pytest.approx([5.0 / 3, 4.0 / 2, 3.0])
     assert all(r.refused is None for r in prog.report)
 
 
 def test_without_a_total_budget_every_search_gets_the_per_subprogram_budget(ollie_settings,
                                                                             tmp_path):
     clock = FakeClock()
-    ollie_settings(search_clock=clock, cache_dir=tmp_path, **QUICK)
-    prog, shares = _optimize(clock, 1000.0, time_budget=0.5)
+    ollie_settings(search_clock=clock, budget_clock=clock, cache_dir=tmp_path, **QUICK)
+    prog, shares = _optimize(clock, 1000.0, time_budget=0.5, total_budget=None)
     assert shares == [0.5, 0.5, 0.5]
     assert not any(n.startswith("total time budget") for n in prog.notes)
 

@@ -218,11 +218,12 @@ def _too_big(name: str, batch: int) -> str | None:
 
 def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
             device: str = "cpu", repeats: int = 1, attribution: bool = False,
-            total_budget: float | None = None) -> dict:
+            total_budget: float | str | None = "auto") -> dict:
     """One model and batch: build, check, optimise and time every system (``repeats``
     timings in a row, see :func:`timed`); with ``attribution``, also the programs of
     :mod:`ollie.bench.attribution`. ``budget``: search seconds per distinct subprogram;
-    ``total_budget``: seconds for each optimisation of the model (None: no limit). The row
+    ``total_budget``: seconds for each optimisation of the model (``"auto"``: the default
+    budget; None: no limit). The row
     gets the cold and warm optimisation times and the subprograms' outcomes
     (:func:`~ollie.optimizer.report.tally`, ``subprograms``) and the count of operators
     without an expression, run as they are (``opaque_ops``)."""
@@ -359,13 +360,14 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
-         attribution: bool = False, total_budget: float | None = None) -> int:
+         attribution: bool = False, total_budget: float | str | None = "auto") -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
     (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`);
     ``attribution``: also time the programs of :mod:`ollie.bench.attribution`;
-    ``total_budget``: seconds for each optimisation of a model (None: no limit)."""
+    ``total_budget``: seconds for each optimisation of a model (``"auto"``: the default
+    budget, :func:`ollie.optimizer.budget.default_total`; None: no limit)."""
     from ollie.optimizer.config import OptimizeConfig
 
     OptimizeConfig(time_budget=budget, total_budget=total_budget)  # a bad budget: ConfigError
@@ -379,7 +381,7 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
-             repeats: int, attribution: bool = False, total_budget: float | None = None
+             repeats: int, attribution: bool = False, total_budget: float | str | None = "auto"
              ) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())

@@ -32,6 +32,11 @@ def outcomes(row: dict) -> str:
             + (f"; {opaque} opaque ops" if opaque else ""))
 
 
+def _seconds(budget: float | str) -> str:
+    """A total budget as the table states it: ``"60 s"``, or ``"the default budget"``."""
+    return f"{budget:g} s" if isinstance(budget, (int, float)) else "the default budget"
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
@@ -108,7 +113,7 @@ def markdown(rows: list[dict], info: dict) -> str:
              f"{info['copy_bytes'] / 1e9:.1f} GB/s; load average {info['loadavg_start']:.2f} "
              f"at start, {info.get('loadavg_end', float('nan')):.2f} at end. Search budget "
              f"{info['budget']:g} s per distinct subprogram"
-             + (f", {info['total_budget']:g} s per model" if info.get("total_budget") else "")
+             + (f", {_seconds(info['total_budget'])} per model" if info.get("total_budget") else "")
              + f". {info.get('precision', '')}",
              "",
              "| model | batch | " + "".join(f"{p} ms | " for p in peers) + "Ollie ms | "

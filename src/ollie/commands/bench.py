@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ollie.commands.optimize import total_budget_arg
+
 
 def _depths(text: str) -> range:
     lo, _, hi = text.partition("-")
@@ -56,9 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes (default: 1 16)")
     m.add_argument("--budget", "--subprogram-budget", dest="budget", type=float, default=20.0,
                    metavar="S", help="search seconds per distinct subprogram (default 20)")
-    m.add_argument("--time-budget", type=float, default=None, metavar="S",
+    m.add_argument("--time-budget", type=total_budget_arg, default="auto", metavar="S",
                    help="total seconds for each optimisation of a model, as 'ollie optimize "
-                        "--time-budget' (default: no limit)")
+                        "--time-budget' (default 'auto': scaled with its subprograms; 'none': "
+                        "no limit)")
     m.add_argument("--out", default="benchmarks/results", help="output folder")
     m.add_argument("--keep", action="store_true",
                    help="keep other models' rows already in OUT/models.json")

@@ -24,12 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("-o", "--output", default=None,
                    help="folder to save the optimised program (default: NAME.ollie)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                   help="total seconds for the whole model (default: no limit): each distinct "
-                        "subprogram searches for a share of what is left, at most "
-                        "--subprogram-budget; once spent, the rest keep their original "
-                        "operators (or a cached decision) and the best program so far is "
-                        "returned")
+    p.add_argument("--time-budget", type=total_budget_arg, default="auto", metavar="S",
+                   help="total seconds for the whole model, every phase included (default "
+                        "'auto': 30 s + 1.25 s per distinct subprogram, at most 120 s; 'none': "
+                        "no limit): each distinct subprogram searches for a share of what is "
+                        "left, at most --subprogram-budget; once spent, the rest keep their "
+                        "original operators (or a cached decision) and the best program so "
+                        "far is returned")
     p.add_argument("--subprogram-budget", type=float, default=30.0, metavar="S",
                    help="search seconds per distinct subprogram at most (default 30)")
     p.add_argument("--max-depth", type=int, default=2, help="explorative depth (default 2)")
@@ -43,6 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "GEMM, band kernels, max pooling)")
     p.add_argument("--no-derivation", dest="derivation", action="store_false",
                    help="keep every subprogram's original operator (no search)")
+
+
+def total_budget_arg(text: str) -> float | str | None:
+    """A ``--time-budget`` value: seconds, ``auto`` (the default budget,
+    :func:`ollie.optimizer.budget.default_total`) or ``none`` (no limit)."""
+    word = text.strip().lower()
+    if word in ("auto", "none"):
+        return None if word == "none" else "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a number of seconds, 'auto' or 'none'") from None
 
 
 def load_model(spec: str, batch: int) -> tuple[object, tuple[torch.Tensor, ...] | None, str]:
@@ -72,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from ollie.optimizer.model import optimize
 
     model, inputs, name = load_model(args.model, args.batch)
-    progress, close = optimize_progress(f"optimizing {name}", args.time_budget)
+    progress, close = optimize_progress(
+        f"optimizing {name}", args.time_budget if isinstance(args.time_budget, float) else None)
     try:
         opt = optimize(model, inputs, device=args.device, time_budget=args.subprogram_budget,
                        total_budget=args.time_budget, max_depth=args.max_depth,

@@ -44,7 +44,9 @@ from ollie.optimizer.model import OptimizeConfig, optimize
 
 log = logging.getLogger(__name__)
 BACKEND_CONFIG = OptimizeConfig(time_budget=10.0)
-"""Used by the torch.compile backend (replace it to change budgets)."""
+"""Used by the torch.compile backend (replace it to change budgets): 10 s of search per
+distinct subprogram at most, within the default total budget of each graph
+(:data:`ollie.optimizer.budget.AUTO`)."""
 MAX_SPECIALISATIONS = 8
 """Concrete shape sets optimised per dynamic-shape graph; beyond them it runs unchanged."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from ollie.errors import check_settings
+from ollie.optimizer.budget import AUTO
 from ollie.policy import VENDOR_ONLY, Implementations
 from ollie.settings import current
 from ollie.tune.measure import SETTLE_SECONDS
@@ -24,10 +26,15 @@ class OptimizeConfig:
     returned program alike. ``derivation``: each subprogram is derived and its fastest
     verified program chosen; off, every subprogram keeps its original operator (no search),
     while the rest of the pipeline (post-processing, library choice, the end-to-end check)
-    runs as usual. ``total_budget``: seconds of wall-clock time for the whole optimisation
-    (None: unbounded); each distinct subprogram then searches for its share of what is left
-    (at most ``time_budget``), and once it is spent the remaining subprograms keep their
-    original operators, or a decision made before (:mod:`ollie.optimizer.budget`).
+    runs as usual. ``total_budget``: seconds of wall-clock time for the whole optimisation,
+    every phase of it inside (:mod:`ollie.optimizer.budget`); by default ``"auto"``: 30 s
+    plus 1.25 s per distinct subprogram, at most 120 s
+    (:func:`~ollie.optimizer.budget.default_total`); None: unbounded. Each distinct
+    subprogram then searches for its share of what is left (at most ``time_budget``) and only
+    its few plausible candidates are built (:mod:`ollie.optimizer.plausible`); once it is
+    spent the remaining subprograms keep their original operators, or a decision made before,
+    and the best program so far is checked and returned. ``time_budget`` stays the search
+    seconds per distinct subprogram (its cap).
     ``derive_regions``: a linear region of two or more compute operators
     (:func:`ollie.graph.partition.partition`, none in a sibling group or chain) is derived as
     one subprogram with the inter-expression rules (:mod:`ollie.optimizer.regions`; GCN's
@@ -37,7 +44,8 @@ class OptimizeConfig:
     device: str = "cpu"
     max_depth: int = 2
     time_budget: float = 30.0     # seconds of search per distinct subprogram
-    total_budget: float | None = None  # seconds for the whole model (None: unbounded)
+    # seconds for the whole model ("auto": scaled with its subprograms; None: unbounded)
+    total_budget: float | Literal["auto"] | None = AUTO
     max_candidates: int = 8       # candidates measured per subprogram
     use_cache: bool = True
     check_rtol: float = 1e-3
@@ -63,8 +71,9 @@ class OptimizeConfig:
                        "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
             "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
             "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
-            "total_budget": (self.total_budget, self.total_budget is None or
-                             self.total_budget > 0, "None or > 0 seconds"),
+            "total_budget": (self.total_budget, self.total_budget in (None, AUTO) or (
+                isinstance(self.total_budget, (int, float)) and self.total_budget > 0),
+                "None, 'auto' or > 0 seconds"),
             "max_candidates": (self.max_candidates, self.max_candidates >= 0, ">= 0"),
             "check_rtol": (self.check_rtol, self.check_rtol > 0, "> 0"),
             "settle": (self.settle, self.settle >= 0, ">= 0 seconds"),

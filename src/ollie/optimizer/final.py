@@ -15,11 +15,12 @@ ONNX Runtime region, ONNX Runtime fuses it with its neighbours).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -186,8 +187,8 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
     (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
     libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
     which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``.
-    ``timed`` off (the total time budget is spent): libraries only as a cached decision says
-    (:func:`libraries`)."""
+    ``timed`` off (the total time budget is spent, or it left subprograms unsearched):
+    libraries only as a cached decision or the quick comparison says (:func:`libraries`)."""
     ref = ref or reference(graph, cfg, notes)
     first = len(notes)
     feeds, want, rtol = ref.feeds, ref.want, ref.rtol
@@ -263,7 +264,8 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
     and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
-    decision found in ``cache`` is applied; without one nothing is timed (a note says so)."""
+    decision found in ``cache`` is applied; without one the variants are not timed (a note
+    says so) but for :func:`quick_regions`, whose time is bounded."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -280,6 +282,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             notes.append("convolution libraries and the original operators not compared in "
                          "the whole program: the total time budget ran out and no choice "
                          "was cached")
+            return quick_regions(prog, feeds, want, cfg, notes, cache)
         return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
@@ -290,5 +293,62 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     return prog, decision
 
 
+QUICK_ROUNDS = 5
+"""Interleaved rounds of :func:`quick_regions` (a whole program per sample)."""
+
+QUICK_SECONDS = 5.0
+"""Later rounds of :func:`quick_regions` stop after this long."""
+
+
+def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
+                  want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
+                  cache: CostCache | None) -> tuple[Program, LibraryDecision | None]:
+    """The one whole-program library comparison made when a total budget left subprograms
+    unsearched or is spent (its time is bounded: part of the end-to-end check,
+    :meth:`ollie.optimizer.budget.Budget.overshoot_bound`): ``prog`` against its ONNX Runtime
+    regions
+    (:data:`~ollie.optimizer.libraries.REGIONS`: no code compiled, one session per region),
+    :data:`QUICK_ROUNDS` interleaved rounds; the regions are kept only when they match
+    ``want`` and are faster with confidence (:func:`ollie.tune.decide.faster`). The decision
+    is cached apart from :func:`libraries`' (a comparison of every variant)."""
+    from ollie.optimizer.libraries import PER_OPERATOR, REGIONS, variant
+    from ollie.tune.decide import faster
+    from ollie.tune.measure import measure_rounds, settled_lead
+
+    regions = variant(prog, REGIONS)
+    if regions is None:
+        return prog, None
+    key = f"libraries-quick|{program_digest(prog)}|{REGIONS}|{device_key(cfg.device)}"
+    doc = cache.get_decision(key) if cache is not None else None
+    if doc in (PER_OPERATOR, REGIONS):
+        chosen = regions if doc == REGIONS else prog
+    else:
+        fns: dict[str, Callable[[], object]] = {}
+        spinning: set[str] = set()
+        try:
+            for name, p in ((PER_OPERATOR, prog), (REGIONS, regions)):
+                compiled = CompiledProgram(p, "cpu")
+                got = compiled.run(feeds)
+                if name == REGIONS and any(rel_err(got[o], want[o]) > cfg.check_rtol
+                                           for o in want):
+                    return prog, None
+                spinning |= {name} if compiled.spins else set()
+                fns[name] = functools.partial(compiled, *[feeds[n] for n, _ in p.inputs])
+        except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
+            log.info("ONNX Runtime regions not compared: %s", exc)
+            return prog, None
+        timed = measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, max_seconds=QUICK_SECONDS,
+                               min_sample=0.02, lead_calls=1, settle=cfg.settle,
+                               lead_seconds=settled_lead(cfg.settle), settle_around=spinning)
+        wins = faster(timed.samples[REGIONS], timed.samples[PER_OPERATOR]).decided
+        chosen, doc = (regions, REGIONS) if wins else (prog, PER_OPERATOR)
+        notes.append(f"convolution libraries, quick comparison: {doc} ("
+                     + ", ".join(f"{n} {timed.median(n) * 1e3:.3f} ms" for n in fns) + ")")
+        if cache is not None:
+            cache.put_decision(key, doc)
+    return chosen, LibraryDecision(REGIONS) if chosen is regions else None
+
+
 __all__ = ["ORIGINAL", "ORIGINALS", "Reference", "all_nodes", "checked", "confirm",
-           "example_error", "example_feeds", "libraries", "node_kernel", "reference"]
+           "example_error", "example_feeds", "libraries", "node_kernel", "quick_regions",
+           "reference"]

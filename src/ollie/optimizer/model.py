@@ -38,7 +38,7 @@ from ollie.graph.chains import contraction_chains
 from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
-from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget, decision_key
+from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget
 from ollie.optimizer.chains import ChainOutcome
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
@@ -57,6 +57,7 @@ from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternat
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
+from ollie.optimizer.plausible import original_seconds, plausible
 from ollie.optimizer.region import MergeOutcome, Part
 from ollie.optimizer.regions import RegionOutcome
 from ollie.optimizer.rename import canonical_names, rename_kernels
@@ -87,7 +88,8 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------- the optimizer
 class _Optimizer(MultiNode):
     def __init__(self, graph: Graph, config: OptimizeConfig,
-                 progress: Callable[[str, int, int], None] | None) -> None:
+                 progress: Callable[[str, int, int], None] | None,
+                 budget: Budget | None = None) -> None:
         self.graph = graph
         self.config = config
         self.progress = progress
@@ -117,7 +119,8 @@ class _Optimizer(MultiNode):
         """Each key above (:attr:`SubprogramKey.text`) as the value it names."""
         self.torch_originals: set[str] = set()
         """Nodes whose original operator runs PyTorch's implementation when kept."""
-        self.budget = Budget(config.total_budget, config.time_budget, current().search_clock)
+        self.budget = budget or Budget(config.total_budget, config.time_budget,
+                                       current().budget_clock)
 
     def run(self) -> Program:
         kernels: list[Kernel] = []
@@ -145,7 +148,8 @@ class _Optimizer(MultiNode):
                     self.progress(node.name, done, total)
                 done += 1
                 group = None if self.budget.out_of_time() else groups.get(node.name)
-                merged = None if group is None else self.sibling_group(group, decided)
+                with self.budget.phase("merge", group is not None):
+                    merged = None if group is None else self.sibling_group(group, decided)
                 if group is not None and merged is not None:
                     kernels += merged
                     placed.update(n.name for n in group[1:])
@@ -154,7 +158,9 @@ class _Optimizer(MultiNode):
             else:
                 chosen = self.other_node(node)
             chain = None if self.budget.out_of_time() else chains.get(node.name)
-            fused = None if chain is None else self.fused_chain(chain, chosen, kernels, start)
+            with self.budget.phase("merge", chain is not None):
+                fused = None if chain is None else self.fused_chain(chain, chosen, kernels,
+                                                                    start)
             if fused is not None:
                 kernels += fused
                 self.track_layout(node, fused)
@@ -210,7 +216,10 @@ class _Optimizer(MultiNode):
             self.budget.decided(node.name)
 
     def refused(self, node: Node, reason: str) -> list[Kernel]:
-        """``node`` kept as it is without a search, ``reason`` in its report."""
+        """``node`` kept as it is without a search, ``reason`` in its report; left by the
+        total budget, it runs PyTorch's implementation (no library choice measured for it)."""
+        if reason == TIME_BUDGET:
+            self.torch_originals.add(node.name)
         self.report.append(SubprogramReport(node.name, node.op, node.op, ORIGINAL, [], 0.0,
                                             0.0, refused=reason))
         return self.node_kernel(node)
@@ -313,14 +322,13 @@ class _Optimizer(MultiNode):
         total budget; None when that is spent (:mod:`ollie.optimizer.budget`)."""
         cfg = self.config
         fp = fingerprint(expr)
-        keys = [decision_key(cfg, fp, channels_last, partial)
-                for partial in ((False, True) if self.budget.bounded else (False,))]
+        keys = self.budget.keys(cfg, fp, channels_last)
         for key in keys:
             doc = None if self.cache is None else self.cache.get_decision(key)
             cached = None if doc is None else cached_outcome(doc, expr, weights)
             if cached is not None:
                 return cached
-        share = self.budget.share()
+        share = self.budget.share_for(self.cache, cfg, fp, channels_last)
         if share is None:
             return None
         t0 = self.budget.clock()
@@ -344,16 +352,22 @@ class _Optimizer(MultiNode):
         inputs = {n: (weights[n] if n in weights else
                       self.rng.standard_normal(s).astype(np.float32)) for n, s in expr.decls}
         with memory_guard():
-            res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget,
-                         config=SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
-                                             roofline=machine_roofline(cfg.device, self.cache)))
+            with self.budget.phase("search"):
+                roof = machine_roofline(cfg.device, self.cache)
+                res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget,
+                             config=SearchConfig(max_candidates=cfg.max_candidates,
+                                                 seed=cfg.seed, roofline=roof))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
-            # under a total budget, measured for at most the search's share
-            short: dict[str, Any] = {"max_seconds": max(time_budget, MIN_SHARE)} \
-                if self.budget.bounded else {}
-            sel = select(expr, res.candidates, original_runner(*args), inputs, weights,
-                         cfg.device, self.cache, limit=cfg.max_candidates,
-                         channels_last=channels_last, eager=eager_runner(*args), **short)
+            original = original_runner(*args)
+            cands, short = res.candidates, dict[str, Any]()
+            with self.budget.phase("selection"):
+                if self.budget.bounded:  # the few plausible candidates, measured for at most
+                    # the search's share (ollie.optimizer.plausible)
+                    cands = plausible(cands, original_seconds(original, cfg.device))
+                    short = {"max_seconds": max(time_budget, MIN_SHARE)}
+                sel = select(expr, cands, original, inputs, weights, cfg.device, self.cache,
+                             limit=cfg.max_candidates, channels_last=channels_last,
+                             eager=eager_runner(*args), **short)
         best = sel.best
         kept = best if best.program is None else sel.original  # the original, if it is kept
         ncand = res.stats["candidates"]
@@ -423,19 +437,32 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
               cfg: OptimizeConfig, progress: Callable[[str, int, int], None] | None
               ) -> OptimizedModel:
     t0 = time.perf_counter()
-    graph = to_graph(model, example_inputs)
-    opt = _Optimizer(graph, cfg, progress)
+    budget = Budget(cfg.total_budget, cfg.time_budget, current().budget_clock)
+    # every phase inside the budget; once it is spent, no new library choice measured
+    with using(new_choices=budget.may_choose):
+        with budget.phase("import"):
+            graph = to_graph(model, example_inputs)
+        return _optimize_graph(graph, cfg, progress, example_inputs, budget, t0)
+
+
+def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
+                    progress: Callable[[str, int, int], None] | None,
+                    example_inputs: Sequence[torch.Tensor] | None, budget: Budget,
+                    t0: float) -> OptimizedModel:
+    """:func:`_optimize` once the model is a graph (``t0``: when it started)."""
+    opt = _Optimizer(graph, cfg, progress, budget)
     raw = opt.run()
-    prog = postprocess(raw)
+    with budget.phase("program"):
+        prog = postprocess(raw)
+        rewritten = any(r.chosen != ORIGINAL for r in opt.report)
+        originals = postprocess(opt.assemble(frozenset())) if rewritten else None
+        if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms
+            precompile_programs([p for p in (prog, originals) if p is not None])
     notes = [*opt.notes, describe_postprocess(raw, prog)]
-    budget = opt.budget
-    rewritten = any(r.chosen != ORIGINAL for r in opt.report)
-    originals = postprocess(opt.assemble(frozenset())) if rewritten else None
-    if torch.device(cfg.device).type == "cpu":  # kernels fused across subprograms: new code
-        precompile_programs([p for p in (prog, originals) if p is not None])
-    ref = reference(graph, cfg, notes, example_inputs)
-    prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals, ref,
-                                    timed=not budget.out_of_time())
+    with budget.phase("check"):
+        ref = reference(graph, cfg, notes, example_inputs)
+        prog, decision, which = checked(graph, prog, raw, cfg, notes, opt.cache, originals,
+                                        ref, timed=budget.may_compare())
     report = opt.report
     chosen_originals = alternative_of(decision) == ORIGINALS
     if chosen_originals:
@@ -449,10 +476,11 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
             frozenset(g.key for g in groups if not g.alternative)
         t1 = time.perf_counter()
         library = decision.choice if decision is not None else PER_OPERATOR
-        timed = not budget.out_of_time()
+        timed = budget.may_compare()
         try:
-            refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                    cfg.device, cfg.settle, timed=timed)
+            with budget.phase("context"):
+                refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
+                                        cfg.device, cfg.settle, timed=timed)
         except Exception as exc:  # optional: the checked program stays
             notes.append(f"program context step skipped: {cause(exc)}")
             log.warning("program context step skipped: %s", cause(exc))

@@ -93,8 +93,10 @@ class Choices:
         slower with confidence in the other (:func:`ollie.tune.decide.faster`; :func:`pick`).
         Made on a busy machine (:func:`ollie.tune.decide.busy`), the choice is probed again
         after a settle; it is remembered per ``key`` only when the second probe agrees (else
-        ``baseline``, if any, is returned, and nothing is remembered). ValueError when none
-        is available."""
+        ``baseline``, if any, is returned, and nothing is remembered). While the settings'
+        ``new_choices`` says no (an optimisation's total budget is spent), a choice not
+        remembered is not measured: ``baseline`` is returned, if usable, and nothing is
+        remembered. ValueError when none is available."""
         from ollie.tune.decide import RECHECK_ROUNDS, RECHECK_SETTLE, busy
 
         usable = {n: f for n, f in impls.items() if f is not None}
@@ -105,6 +107,8 @@ class Choices:
         chosen = self.get(key) if key is not None else None
         if chosen in usable:
             return usable[chosen]
+        if baseline in usable and not current().new_choices():
+            return usable[baseline]
         args = make_args() if make_args is not None else (torch.randn(input_shape),)
         base = baseline if baseline in usable else None
         cold, warm = probe(usable, args)
@@ -137,7 +141,8 @@ class Choices:
         ``prefer``: the name of the implementation to use, without measuring, when it can be
         built (a program-level choice, :mod:`ollie.optimizer.libraries`); names joined by
         :data:`ANY_OF`: the fastest of those that can be built, measured. ``baseline``: see
-        :meth:`fastest`."""
+        :meth:`fastest` (while the settings' ``new_choices`` says no, a choice not remembered
+        builds only the baseline)."""
         if prefer is not None and ANY_OF in prefer:  # the fastest of these, measured
             subset = {n: builders[n] for n in prefer.split(ANY_OF) if n in builders}
             if subset:
@@ -149,6 +154,10 @@ class Choices:
         chosen = self.get(key)
         if chosen in builders:
             impl = builders[chosen]()
+            if impl is not None:
+                return impl
+        if baseline in builders and not current().new_choices():  # no choice measured now:
+            impl = builders[baseline]()  # the baseline alone built (nothing compiled)
             if impl is not None:
                 return impl
         return self.fastest({name: build() for name, build in builders.items()}, input_shape,
