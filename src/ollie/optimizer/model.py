@@ -34,8 +34,6 @@ from ollie.exec.conv import TORCH
 from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
 from ollie.graph import COMPUTE_OPS, Graph, Node
-from ollie.graph.chains import contraction_chains
-from ollie.graph.siblings import sibling_groups
 from ollie.ir import Expr
 from ollie.optimizer.baseline import eager_runner, original_runner, torch_original
 from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget
@@ -126,15 +124,9 @@ class _Optimizer(MultiNode):
         kernels: list[Kernel] = []
         total = sum(n.op in COMPUTE_OPS for n in self.graph.nodes)
         done = 0
-        groups = {g[0].name: g for g in sibling_groups(self.graph, concat=True)
-                  if self.config.merge_siblings and self.config.derivation}
+        groups, chains, regions, order = self.several_node_subprograms()
         decided: dict[str, list[Kernel]] = {}  # members decided alone, their group not merged
         placed: set[str] = set()  # members a merged group computes
-        chains = {c.sink.name: c for c in contraction_chains(self.graph)
-                  if self.config.fuse_chains and self.config.derivation
-                  and not any(c.sink in g for g in groups.values())}
-        regions, order = self.regions_to_derive(
-            {n.name for g in (*groups.values(), *(c.nodes for c in chains.values())) for n in g})
         if self.config.derivation:
             self.budget.plan(self.graph, [n for n in self.graph.nodes if n.op in COMPUTE_OPS],
                              self.config, self.constants, self.cache)

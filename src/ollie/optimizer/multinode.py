@@ -7,14 +7,14 @@ report only when kept."""
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
 from ollie.errors import OllieError
 from ollie.graph import Graph, Node
-from ollie.graph.chains import Chain
+from ollie.graph.chains import Chain, contraction_chains
 from ollie.graph.partition import Region, multi_compute, node_order, partition
+from ollie.graph.siblings import sibling_groups
 from ollie.optimizer.budget import Budget
 from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
 from ollie.optimizer.config import OptimizeConfig
@@ -108,6 +108,22 @@ class MultiNode:
         self.parts = splice(fused, chain, self.parts, kernels, self.report, start)
         return fused.kernels
 
+    def several_node_subprograms(self) -> tuple[dict[str, tuple[Node, ...]], dict[str, Chain],
+                                                dict[str, Region], list[Node]]:
+        """The subprograms of several nodes this optimisation decides: sibling groups by
+        their first member, contraction chains by their sink, linear regions by their last
+        node (none when derivation or their switch is off), and the order to walk the graph's
+        nodes in (:meth:`regions_to_derive`)."""
+        derive = self.config.derivation
+        groups = {g[0].name: g for g in sibling_groups(self.graph, concat=True)
+                  if self.config.merge_siblings and derive}
+        chains = {c.sink.name: c for c in contraction_chains(self.graph)
+                  if self.config.fuse_chains and derive
+                  and not any(c.sink in g for g in groups.values())}
+        regions, order = self.regions_to_derive(
+            {n.name for g in (*groups.values(), *(c.nodes for c in chains.values())) for n in g})
+        return groups, chains, regions, order
+
     def regions_to_derive(self, taken: set[str]) -> tuple[dict[str, Region], list[Node]]:
         """The linear regions to derive (:attr:`OptimizeConfig.derive_regions`), by their last
         node, with the nodes ``taken`` by other subprograms as boundaries, and the order to
@@ -135,16 +151,17 @@ class MultiNode:
                       if p.nodes[0].name in members}
         if set(individual) != members:
             return
-        t0 = time.perf_counter()
+        t0 = self.budget.clock()
         try:
-            done = derive_region(self.graph, region, individual, self.constants, self.config,
-                                 seconds, self.cache, self.rng, self.regioned)
+            with self.budget.phase("merge"):
+                done = derive_region(self.graph, region, individual, self.constants,
+                                     self.config, seconds, self.cache, self.rng, self.regioned)
         except Exception as exc:  # never lose the model to one subprogram
             self.note(f"region at {region.nodes[0].name}: not derived ({cause(exc)})")
             return
         finally:
             if self.budget.bounded:
-                self.budget.searched(seconds, time.perf_counter() - t0)
+                self.budget.searched(seconds, self.budget.clock() - t0)
         if done is None:
             return
         self.notes.append(done.note)
