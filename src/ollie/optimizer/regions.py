@@ -30,7 +30,7 @@ their sum):
 
 Decisions are memoised per canonical region program and kept in the decision cache
 (:data:`REGION_VERSION`), checked to fit before they are reused. Limits and their reasons:
-docs/design/029-regions-sum-merge.md.
+docs/design/030-regions-sum-merge.md.
 """
 
 from __future__ import annotations

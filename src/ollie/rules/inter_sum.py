@@ -29,7 +29,7 @@ infinity: exact for finite inputs only, the contract of note 026 and of
 :func:`~ollie.rules.inter_merge.concat_merge`'s relaxation. The program rule
 (:mod:`ollie.rules.inter_program`) proposes an inexact merge only inside
 :func:`ollie.rules.base.assume_finite_inputs`, and never one whose work grows past
-:data:`MAX_SUM_GROWTH` (docs/design/029-regions-sum-merge.md).
+:data:`MAX_SUM_GROWTH` (docs/design/030-regions-sum-merge.md).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ MAX_SUM_GROWTH = 2.0
 the bound sibling concatenation uses (``ollie.graph.siblings.MAX_GROWTH``),
 applied to the whole program, because a relaxed merge multiplies the merged contraction's
 work (``k`` for a ``k x 1`` + ``1 x k`` pair) while the program's other defs (GCN's first
-convolutions over the wide backbone features) stay; docs/design/029-regions-sum-merge.md."""
+convolutions over the wide backbone features) stay; docs/design/030-regions-sum-merge.md."""
 
 
 @dataclass(frozen=True)
