@@ -279,8 +279,9 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             feed = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=True)}
             row["errors"]["ORT"] = rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
             fns["ORT"] = lambda: sess.run(None, feed)
-        except Exception as e:  # a failing peer is a result
-            notes.append(f"ORT failed: {_first_line(e)}")
+        except Exception as e:  # a failing peer is a result: one line says why
+            notes.append(f"ORT n/a: {_first_line(e)}")
+            log(f"  ORT n/a: {_first_line(e)}")
     # Ollie: cold, checked, then warm re-optimisation
     t0 = time.perf_counter()
     prog = ollie.optimize(module, inputs, device, time_budget=budget,
@@ -303,7 +304,8 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
         f"{row['rewritten']} subprograms rewritten, rel err {err:.1e}")
     fns["Ollie"] = lambda: prog(*inputs)
     if attribution:
-        fns.update(attrib.programs(module, inputs, device, budget, ref, row, log))
+        fns.update(attrib.programs(module, inputs, device, budget, ref, row, log,
+                                   total_budget))
     for peer, e in row["errors"].items():
         if peer != "Ollie" and e >= RTOL:
             notes.append(f"{peer} relative error {e:.1e}")
