@@ -75,6 +75,7 @@ import ollie
 from ollie.bench import attribution as attrib
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
+from ollie.errors import ConfigError
 from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.report import tally
 from ollie.settings import using
@@ -365,34 +366,51 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
-         attribution: bool = False, total_budget: float | None = None) -> int:
+         attribution: bool = False, total_budget: float | None = None,
+         cpu_time: bool = False) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
     (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`);
     ``attribution``: also time the programs of :mod:`ollie.bench.attribution`;
-    ``total_budget``: seconds for each optimisation of a model (None: no limit)."""
+    ``total_budget``: seconds for each optimisation of a model (None: no limit);
+    ``cpu_time``: every time, the optimizer's and the benchmark's, is CPU time of the calling
+    thread (:func:`time.thread_time`), with every system on that one thread (torch, numba,
+    ONNX Runtime): on a machine other processes keep busy, a sample then counts the time the
+    call ran, not the time it waited for a core (the other processes' pressure on the caches
+    and memory still counts). CPU only; ``threads`` must be None or 1."""
     from ollie.optimizer.config import OptimizeConfig
 
     OptimizeConfig(time_budget=budget, total_budget=total_budget)  # a bad budget: ConfigError
+    changes: dict = {}
+    if cpu_time:
+        if device != "cpu" or threads not in (None, 1):
+            raise ConfigError("cpu_time measures one thread on the CPU: device 'cpu', "
+                              "threads 1")
+        import numba
+
+        threads = 1
+        numba.set_num_threads(1)  # the numba kernels' work runs on the calling thread
+        changes["measure_clock"] = time.thread_time
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
-    with using(cache_dir=cache):
+    with using(cache_dir=cache, **changes):
         return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
-                        attribution, total_budget)
+                        attribution, total_budget, cpu_time)
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
-             repeats: int, attribution: bool = False, total_budget: float | None = None
-             ) -> int:
+             repeats: int, attribution: bool = False, total_budget: float | None = None,
+             cpu_time: bool = False) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
     info["precision"] = fp32_everywhere(device)
     info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
-                copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget)
+                copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget,
+                clock="thread CPU time" if cpu_time else "wall")
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
         f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
         f"load {info['loadavg_start']}")
