@@ -57,11 +57,16 @@ def _register_symbolics() -> None:
     _registered = True
 
 
+UNUSED_DOMAIN = f"Custom opset domain: '{CUSTOM_DOMAIN}' provided is not used"
+"""torch's warning for a model without the ``ollie`` operators, exported (as every model)
+with the ``ollie`` domain declared: not passed on (:func:`_captured_output`)."""
+
+
 @contextlib.contextmanager
 def _captured_output() -> Iterator[None]:
     """Redirect file descriptors 1 and 2 (C++ and Python writes alike) to temporary files for
-    the block; what was written is passed on to stdout / stderr if the block succeeds, dropped
-    if it raises."""
+    the block; what was written is passed on to stdout / stderr if the block succeeds (less
+    the lines of :data:`UNUSED_DOMAIN`), dropped if it raises."""
     streams = ((1, sys.stdout), (2, sys.stderr))
     with contextlib.ExitStack() as stack:
         saved: list[tuple[int, int, Any, Any]] = []
@@ -80,9 +85,11 @@ def _captured_output() -> Iterator[None]:
                 os.dup2(old, fd)
                 os.close(old)
                 tmp.seek(0)
-                text = tmp.read()
+                text = "".join(line for line in
+                               tmp.read().decode(errors="replace").splitlines(keepends=True)
+                               if UNUSED_DOMAIN not in line)
                 if ok and text:
-                    stream.write(text.decode(errors="replace"))
+                    stream.write(text)
 
 
 def _names(n: int, base: str) -> list[str]:
