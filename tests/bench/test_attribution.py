@@ -73,7 +73,8 @@ def test_cli_flag():
 
 def test_four_programs_from_one_run(monkeypatch):
     """run_one with attribution optimises (0), (a), (b) with their switches besides Ollie's
-    program and times all of them with the peers in one interleaved call."""
+    program (once: no warm re-optimisation), each with the model's time budget, and times all
+    of them with the peers in one interleaved call."""
     calls: list[dict] = []
 
     class Program:
@@ -102,9 +103,11 @@ def test_four_programs_from_one_run(monkeypatch):
     monkeypatch.setattr(models, "build", lambda name, batch: (module, (torch.randn(1, 2, 6, 6),)))
     monkeypatch.setattr(torch, "compile", lambda m: m)
     row = models.run_one("tiny", 1, 0.5, {"matmul_flops": 1e11, "copy_bytes": 1e10},
-                         log=lambda *_: None, attribution=True)
+                         log=lambda *_: None, attribution=True, total_budget=7.0)
     switches = [{k: c[k] for k in ("derivation", "kernel_library") if k in c} for c in calls]
-    assert switches.count({}) == 2  # Ollie's program, cold and warm
+    assert switches.count({}) == 1  # Ollie's program, cold only: no warm re-optimisation
     assert [s for s in switches if s] == list(attribution.PROGRAMS.values())
+    assert [c["total_budget"] for c in calls] == [7.0] * 4  # every program gets the budget
+    assert "reoptimize_s" not in row
     assert len(timed_with) == 1 and {"eager", "Ollie", "(0)", "(a)", "(b)"} <= timed_with[0]
     assert set(row["attribution"]["speedup"]) == {"(a)", "(b)", "(c)"}

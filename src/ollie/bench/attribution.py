@@ -47,10 +47,12 @@ RTOL = 1e-3
 
 def programs(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], device: str,
              budget: float, ref: torch.Tensor, row: dict,
-             log: Callable[[str], object] = print) -> dict[str, Callable[[], object]]:
+             log: Callable[[str], object] = print,
+             total_budget: float | str | None = "auto") -> dict[str, Callable[[], object]]:
     """The programs of :data:`PROGRAMS` for ``module`` on ``inputs``, each optimised with a
     search budget of ``budget`` seconds per distinct subprogram and checked against ``ref``
-    (the module's output); returns a call of each by label. ``row`` gets, per label, the
+    (the module's output) and, with ``total_budget``, at most that many seconds per
+    optimisation of the model; returns a call of each by label. ``row`` gets, per label, the
     optimisation seconds (``attribution_optimize_s``) and the relative error (``errors``), and
     a note for a program that is wrong or failed (left out of the timing)."""
     fns: dict[str, Callable[[], object]] = {}
@@ -58,7 +60,8 @@ def programs(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], device: 
     for label, flags in PROGRAMS.items():
         t0 = time.perf_counter()
         try:
-            prog = ollie.optimize(module, inputs, device, time_budget=budget, **flags)
+            prog = ollie.optimize(module, inputs, device, time_budget=budget,
+                                  total_budget=total_budget, **flags)
         except OllieError as e:
             row["notes"].append(f"{label} ({LABELS[label]}) failed: {e}")
             continue

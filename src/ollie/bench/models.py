@@ -49,7 +49,8 @@ With ``attribution`` (``--attribution``) three more programs of each model are o
 the same cache and timed in the same interleaved run: the original operators on the vendor
 libraries only (0), derived programs on the vendor libraries (a), and the original operators
 with Ollie's kernel library (b), Ollie's program being (c) (:mod:`ollie.bench.attribution`);
-the report gets an attribution table.
+the report gets an attribution table. Such a run does not re-optimise the model warm (its
+warm column is n/a).
 
 ``cnn:NAME`` models (``cnn:all``: every one) are the architectures of
 :mod:`ollie.testing.cnns` (MobileNetV2, SqueezeNet, DenseNet, ... in the small: base width 32,
@@ -74,6 +75,7 @@ import ollie
 from ollie.bench import attribution as attrib
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
+from ollie.errors import ConfigError
 from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.report import tally
 from ollie.settings import using
@@ -223,8 +225,8 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     timings in a row, see :func:`timed`); with ``attribution``, also the programs of
     :mod:`ollie.bench.attribution`. ``budget``: search seconds per distinct subprogram;
     ``total_budget``: seconds for each optimisation of the model (``"auto"``: the default
-    budget; None: no limit). The row
-    gets the cold and warm optimisation times and the subprograms' outcomes
+    budget; None: no limit). The row gets the cold and (without ``attribution``) warm
+    optimisation times and the subprograms' outcomes
     (:func:`~ollie.optimizer.report.tally`, ``subprograms``) and the count of operators
     without an expression, run as they are (``opaque_ops``)."""
     row: dict = {"model": name, "batch": batch, "times_ms": {}, "errors": {}, "notes": []}
@@ -280,16 +282,18 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             feed = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=True)}
             row["errors"]["ORT"] = rel_err(torch.from_numpy(sess.run(None, feed)[0]), ref)
             fns["ORT"] = lambda: sess.run(None, feed)
-        except Exception as e:  # a failing peer is a result
-            notes.append(f"ORT failed: {_first_line(e)}")
+        except Exception as e:  # a failing peer is a result: one line says why
+            notes.append(f"ORT n/a: {_first_line(e)}")
+            log(f"  ORT n/a: {_first_line(e)}")
     # Ollie: cold, checked, then warm re-optimisation
     t0 = time.perf_counter()
     prog = ollie.optimize(module, inputs, device, time_budget=budget,
                           total_budget=total_budget)
     row["optimize_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ollie.optimize(module, inputs, device, time_budget=budget, total_budget=total_budget)
-    row["reoptimize_s"] = time.perf_counter() - t0
+    if not attribution:  # an attribution run spends its time on (0), (a) and (b) instead
+        t0 = time.perf_counter()
+        ollie.optimize(module, inputs, device, time_budget=budget, total_budget=total_budget)
+        row["reoptimize_s"] = time.perf_counter() - t0
     with torch.inference_mode():
         row["errors"]["Ollie"] = err = rel_err(prog(*inputs).cpu(), ref)
     row["ollie_correct"] = err < RTOL
@@ -300,11 +304,13 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     row["rewritten"] = f"{rewritten}/{len(prog.report)}"
     row["subprograms"] = tally(prog.report)
     notes += [n for n in prog.notes if not n.startswith(("optimised in", "checked against"))]
-    log(f"  Ollie: optimised in {row['optimize_s']:.1f} s (warm {row['reoptimize_s']:.2f} s), "
+    warm = f" (warm {row['reoptimize_s']:.2f} s)" if "reoptimize_s" in row else ""
+    log(f"  Ollie: optimised in {row['optimize_s']:.1f} s{warm}, "
         f"{row['rewritten']} subprograms rewritten, rel err {err:.1e}")
     fns["Ollie"] = lambda: prog(*inputs)
     if attribution:
-        fns.update(attrib.programs(module, inputs, device, budget, ref, row, log))
+        fns.update(attrib.programs(module, inputs, device, budget, ref, row, log,
+                                   total_budget))
     for peer, e in row["errors"].items():
         if peer != "Ollie" and e >= RTOL:
             notes.append(f"{peer} relative error {e:.1e}")
@@ -360,35 +366,52 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          out: str | Path = "benchmarks/results", keep: bool = False,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
-         attribution: bool = False, total_budget: float | str | None = "auto") -> int:
+         attribution: bool = False, total_budget: float | str | None = "auto",
+         cpu_time: bool = False) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
     (default: cores); ``repeats``: alternating timings per model and batch (:func:`timed`);
     ``attribution``: also time the programs of :mod:`ollie.bench.attribution`;
     ``total_budget``: seconds for each optimisation of a model (``"auto"``: the default
-    budget, :func:`ollie.optimizer.budget.default_total`; None: no limit)."""
+    budget, :func:`ollie.optimizer.budget.default_total`; None: no limit);
+    ``cpu_time``: every time, the optimizer's and the benchmark's, is CPU time of the calling
+    thread (:func:`time.thread_time`), with every system on that one thread (torch, numba,
+    ONNX Runtime): on a machine other processes keep busy, a sample then counts the time the
+    call ran, not the time it waited for a core (the other processes' pressure on the caches
+    and memory still counts). CPU only; ``threads`` must be None or 1."""
     from ollie.optimizer.config import OptimizeConfig
 
     OptimizeConfig(time_budget=budget, total_budget=total_budget)  # a bad budget: ConfigError
+    changes: dict = {}
+    if cpu_time:
+        if device != "cpu" or threads not in (None, 1):
+            raise ConfigError("cpu_time measures one thread on the CPU: device 'cpu', "
+                              "threads 1")
+        import numba
+
+        threads = 1
+        numba.set_num_threads(1)  # the numba kernels' work runs on the calling thread
+        changes["measure_clock"] = time.thread_time
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
-    with using(cache_dir=cache):
+    with using(cache_dir=cache, **changes):
         return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
-                        attribution, total_budget)
+                        attribution, total_budget, cpu_time)
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
-             repeats: int, attribution: bool = False, total_budget: float | str | None = "auto"
-             ) -> int:
+             repeats: int, attribution: bool = False,
+             total_budget: float | str | None = "auto", cpu_time: bool = False) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
     info["precision"] = fp32_everywhere(device)
     info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
-                copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget)
+                copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget,
+                clock="thread CPU time" if cpu_time else "wall")
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
         f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
         f"load {info['loadavg_start']}")

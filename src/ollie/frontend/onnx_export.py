@@ -7,13 +7,23 @@ The ``ollie::g2bmm`` / ``ollie::gbmm`` custom operators are exported as nodes ``
 ``GBMM`` of the custom domain ``ollie`` (attributes ``width``, ``dilation``), which
 :func:`ollie.frontend.from_onnx` imports; ONNX Runtime itself cannot run such a model (no
 kernel for the custom domain), so the Longformer layer's ONNX file is for Ollie only.
+
+While it exports, torch enables its C++ ONNX log (``setup_onnx_logging``), which prints the
+whole TorchScript graph (to stdout) when the export fails. The export runs with file
+descriptors 1 and 2 redirected to temporary files (:func:`_captured_output`): on success what
+was written there is passed on, on failure it is dropped and the raised
+:class:`~ollie.errors.OllieError` says why in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import sys
+import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +57,41 @@ def _register_symbolics() -> None:
     _registered = True
 
 
+UNUSED_DOMAIN = f"Custom opset domain: '{CUSTOM_DOMAIN}' provided is not used"
+"""torch's warning for a model without the ``ollie`` operators, exported (as every model)
+with the ``ollie`` domain declared: not passed on (:func:`_captured_output`)."""
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[None]:
+    """Redirect file descriptors 1 and 2 (C++ and Python writes alike) to temporary files for
+    the block; what was written is passed on to stdout / stderr if the block succeeds (less
+    the lines of :data:`UNUSED_DOMAIN`), dropped if it raises."""
+    streams = ((1, sys.stdout), (2, sys.stderr))
+    with contextlib.ExitStack() as stack:
+        saved: list[tuple[int, int, Any, Any]] = []
+        for fd, stream in streams:
+            stream.flush()
+            tmp = stack.enter_context(tempfile.TemporaryFile())
+            saved.append((fd, os.dup(fd), tmp, stream))
+            os.dup2(tmp.fileno(), fd)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            for fd, old, tmp, stream in saved:
+                stream.flush()
+                os.dup2(old, fd)
+                os.close(old)
+                tmp.seek(0)
+                text = "".join(line for line in
+                               tmp.read().decode(errors="replace").splitlines(keepends=True)
+                               if UNUSED_DOMAIN not in line)
+                if ok and text:
+                    stream.write(text)
+
+
 def _names(n: int, base: str) -> list[str]:
     return [base] if n == 1 else [f"{base}_{k}" for k in range(n)]
 
@@ -62,7 +107,7 @@ def _export(module: torch.nn.Module, example_inputs: Any, f: Any, opset: int,
     was_training = module.training
     module.eval()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _captured_output():
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, f, dynamo=False, opset_version=opset,
