@@ -16,12 +16,15 @@ import torch
 import ollie
 from ollie.commands.optimize import explain
 from ollie.graph.partition import multi_compute, partition
+from ollie.ir import parse_program
 from ollie.ir.exprprogram import ExprProgram
 from ollie.optimizer import regions
 from ollie.optimizer.importing import to_graph
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind
 from ollie.program.serialize import FormatError
+from ollie.rules.base import assume_finite_inputs
+from ollie.rules.inter_program import apply_program_rules
 from ollie.testing.clock import stopped_clock
 from ollie.zoo.gcn import GCNBlock
 
@@ -168,3 +171,19 @@ def test_a_kept_region_is_one_switch_of_the_context_step(ollie_settings, monkeyp
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         joined = [k for k in prog.kernels if k.kind is KernelKind.CONV and k.params["c"] == 8]
         assert bool(joined) == merged
+
+
+def test_split_parts_with_offset_ranges_are_not_materialised() -> None:
+    """Kernels store every tensor from index 0: a split def's upper part (``L<i=2:4>``) as a
+    tensor of its own would be read out of bounds, so no such program is derived."""
+    ep = parse_program("""x0: [4, 6]
+x1: [6, 5]
+x2: [5, 3]
+y0 = L<i=0:4, j=0:5> Sum<k=0:6> x0[i, k] * x1[k, j]
+y1 = L<i=0:4, j=0:3> Sum<k=0:5> y0[i, k] * x2[k, j]
+out y1""")
+    with assume_finite_inputs():
+        steps = apply_program_rules(regions.normalized(ep), regions.RULE_ORDER)
+    assert any(it.lo for d in steps for _, e in d.program.defs for it in e.root.traversal)
+    for prog, _ in regions.derived_programs(ep):
+        assert all(it.lo == 0 for _, e in prog.defs for it in e.root.traversal)

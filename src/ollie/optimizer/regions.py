@@ -14,7 +14,8 @@ their sum):
    with its sum mode, then fusion and splitting; inside
    :func:`~ollie.rules.base.assume_finite_inputs`, see docs/design/026-finite-inputs.md)
    gives the derived programs; those whose reduction work grows past
-   :data:`~ollie.rules.inter_sum.MAX_SUM_GROWTH`, and those with a def summing over a
+   :data:`~ollie.rules.inter_sum.MAX_SUM_GROWTH`, those with a def traversing a range that does
+   not start at 0 (kernels store tensors from index 0), and those with a def summing over a
    summing scope (compute fused into compute: no library operator computes it, and its
    search costs ten times a convolution's) are dropped, the others ranked (merges first,
    then fewest summing defs, then least work) and the first :data:`MAX_PROGRAMS` kept;
@@ -211,13 +212,20 @@ def derived_programs(ep: ExprProgram) -> list[tuple[ExprProgram, Step]]:
     for d in derived:
         prog = normalized(d.program)
         work = program_work(prog.defs, prog.outputs)
-        if work > MAX_SUM_GROWTH * base or any(_nested_sums(e.root) for _, e in prog.defs):
+        if work > MAX_SUM_GROWTH * base or any(_nested_sums(e.root) or _offset(e.root)
+                                                for _, e in prog.defs):
             continue
         summing = sum(has_sum(e.root) for _, e in prog.defs)
         found.append(((RULE_ORDER.index(d.rule), summing, work),
                       (prog, Step(d.rule, d.note, format_program(prog)))))
     found.sort(key=lambda f: f[0])
     return [f[1] for f in found[:MAX_PROGRAMS]]
+
+
+def _offset(scope: Scope) -> bool:
+    """Whether a def's scope traverses a range not starting at 0 (a part of a split def):
+    kernels store every tensor from index 0, so such a def is not materialised."""
+    return any(it.lo != 0 for it in scope.traversal)
 
 
 def _nested_sums(scope: Scope) -> bool:
@@ -324,6 +332,7 @@ def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
                     log.warning("region candidate %s failed to post-process: %s",
                                 cand.summary(), exc)
         base = postprocess(_program(ep, alone, canon_consts))
+        base.validate()  # generated code trusts the shapes its kernels declare
         compiled = CompiledProgram(base, config.device)
         feed = {n: as_input(v, config.device) for n, v in inputs.items()
                 if n not in canon_consts}

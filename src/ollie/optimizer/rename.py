@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 
+from ollie.graph import Node
 from ollie.ir import Expr, rename_expr
 from ollie.program.kernel import Kernel
+from ollie.program.params import KernelParams, NodeParams
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 """A tensor name of the expression syntax (EXPR_SYNTAX.md)."""
@@ -37,11 +40,24 @@ def rename_kernels(kernels: list[Kernel], inputs: Mapping[str, str], output: str
         names.setdefault(k.output, new_output if k.output == output else f"{prefix}_{k.output}")
     out = []
     for k in kernels:
-        out.append(Kernel(k.kind, k.params, tuple(names.get(n, n) for n in k.inputs),
+        out.append(Kernel(k.kind, _renamed_node(k.params, names),
+                          tuple(names.get(n, n) for n in k.inputs),
                           names[k.output],
                           None if k.expr is None else rename_expr(k.expr, names),
                           k.views, k.shape))
     return out
+
+
+def _renamed_node(params: KernelParams, names: Mapping[str, str]) -> KernelParams:
+    """A graph operator's parameters with the tensors it reads and writes renamed as its
+    kernel's (:meth:`ollie.program.program.Program.validate` checks they agree); other
+    parameters as they are."""
+    if not (isinstance(params, NodeParams) and isinstance(params.node, Node)):
+        return params
+    node = params.node
+    moved = Node(node.op, tuple(names.get(n, n) if n else n for n in node.inputs),
+                 tuple(names.get(n, n) for n in node.outputs), node.attrs, node.name)
+    return replace(params, node=moved)
 
 
 def canonical_names(expr: Expr) -> tuple[Expr, dict[str, str]]:

@@ -446,6 +446,7 @@ def select_program(outputs: Mapping[str, Expr], programs: Sequence[tuple[Candida
     with discovering() as layouts:
         for cand, prog in programs:
             try:
+                prog.validate()  # generated code trusts the shapes its kernels declare
                 compiled = CompiledProgram(prog, device, cuda_graphs=False)
                 got = compiled.run({n: inputs[n] for n, _ in prog.inputs})
                 checks = [_agrees(got[o].detach().cpu().numpy(), ref, device, 1e-3, 1e-4)
