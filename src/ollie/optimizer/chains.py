@@ -39,6 +39,7 @@ from ollie.graph.chains import Chain
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.ir.exprprogram import ExprProgram
 from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.outcome import Placed
 from ollie.optimizer.region import MergeSettings, Part
 from ollie.optimizer.rename import rename_kernels
 from ollie.optimizer.report import SubprogramReport
@@ -100,17 +101,8 @@ class ChainOutcome:
         return out
 
 
-@dataclass
-class FusedChain:
-    """A chain as the model optimiser places it: its decision key (switched off, the chain
-    runs its nodes as the original operators), outcome, kernels on the model's tensor names
-    (empty when not kept), report entry and note."""
-
-    key: str
-    outcome: ChainOutcome
-    kernels: list[Kernel]
-    report: SubprogramReport
-    note: str
+FusedChain = Placed[ChainOutcome]
+"""A chain as the model optimiser places it."""
 
 
 def fused_expression(graph: Graph, chain: Chain

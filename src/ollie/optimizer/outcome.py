@@ -1,7 +1,8 @@
 """A subprogram's decision (:class:`Outcome`: the chosen program or the original operator,
 with its measured times and the alternatives the program-context step may try), its JSON form
 for the decision cache, and :func:`cached_outcome`, which reads one back only after checking
-it fits the subprogram it is applied to."""
+it fits the subprogram it is applied to; :class:`Placed`, a decision of several nodes (a
+contraction chain, a linear region) as the model optimiser places it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from ollie.errors import OllieError
 from ollie.ir import Expr
-from ollie.optimizer.report import Alternative
+from ollie.optimizer.report import Alternative, SubprogramReport
 from ollie.program.kernel import Kernel
 from ollie.program.program import Program, constant_array
 from ollie.program.serialize import FormatError, kernel_from_json, kernel_to_json
 
 log = logging.getLogger(__name__)
+
+D = TypeVar("D")
+"""The decision type of a :class:`Placed` subprogram."""
 
 
 @dataclass
@@ -89,4 +94,17 @@ def cached_outcome(doc: str, expr: Expr, weights: Mapping[str, np.ndarray]
         return None
 
 
-__all__ = ["Outcome", "cached_outcome"]
+@dataclass
+class Placed(Generic[D]):
+    """A subprogram of several nodes as the model optimiser places it: its decision key
+    (switched off, its nodes run as the original operators), its decision, its kernels on
+    the model's tensor names (empty when not kept), report entry and note."""
+
+    key: str
+    outcome: D
+    kernels: list[Kernel]
+    report: SubprogramReport
+    note: str
+
+
+__all__ = ["Outcome", "Placed", "cached_outcome"]

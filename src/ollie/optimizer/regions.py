@@ -52,6 +52,7 @@ from ollie.ir import Expr, Scope, accesses, format_program
 from ollie.ir.exprprogram import ExprProgram
 from ollie.match.eop import make_eop
 from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.outcome import Placed
 from ollie.optimizer.region import MergeSettings
 from ollie.optimizer.rename import rename_kernels
 from ollie.optimizer.report import SubprogramReport
@@ -132,17 +133,8 @@ class RegionOutcome:
         return out
 
 
-@dataclass
-class DerivedRegion:
-    """A region as the model optimiser places it: its decision key (switched off, the region
-    runs its nodes as the original operators), outcome, kernels on the model's tensor names
-    (empty when not kept), report entry and note."""
-
-    key: str
-    outcome: RegionOutcome
-    kernels: list[Kernel]
-    report: SubprogramReport
-    note: str
+DerivedRegion = Placed[RegionOutcome]
+"""A region as the model optimiser places it."""
 
 
 def lower_region(graph: Graph, region: Region, constants: Mapping[str, np.ndarray]
