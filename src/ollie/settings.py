@@ -34,6 +34,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ollie.policy import ALL, Implementations
 
@@ -62,6 +63,16 @@ def _load_average() -> float:
         return float(os.getloadavg()[0])
     except (AttributeError, OSError):
         return 0.0
+
+
+class ChoiceStore(Protocol):
+    """Where choices among implementations outlive the process (:attr:`Settings.choice_store`;
+    :class:`ollie.tune.cache.CachedChoices`): ``recall`` the name stored for a key (the
+    ``repr`` of a choice's configuration key), or None; ``record`` one."""
+
+    def recall(self, key: str) -> str | None: ...
+
+    def record(self, key: str, name: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,7 @@ class Settings:
     implementations: Implementations = ALL
     new_choices: Callable[[], bool] = _always
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
+    choice_store: ChoiceStore | None = field(default=None, compare=False, repr=False)
 
     @property
     def cache_root(self) -> Path:
@@ -210,5 +222,5 @@ def reset() -> None:
 
 
 __all__ = ["CACHE_DIR_ENV", "CUDA_GRAPHS_ENV", "PRECOMPILE_ENV", "TRITON_INTERPRET_ENV",
-           "Clock", "Settings", "configure", "current", "from_environ", "process_settings",
-           "reset", "using"]
+           "ChoiceStore", "Clock", "Settings", "configure", "current", "from_environ",
+           "process_settings", "reset", "using"]

@@ -110,3 +110,47 @@ class Casts(nn.Module):
 def test_metadata_checks_are_dropped() -> None:
     counts = check(Casts(), torch.randn(2, 3))
     assert not any("assert" in op for op in counts), counts
+
+
+class Chained(nn.Module):
+    """Several writes into one tensor, read before, between and after them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        before = torch.tanh(y)
+        y.relu_()
+        between = y * 2.0
+        y.add_(before).mul_(x)
+        return torch.cat([y, before, between], dim=1)
+
+
+def _exported(module: nn.Module, x: torch.Tensor):
+    return torch.export.export(module.eval(), (x,)).graph_module
+
+
+@pytest.mark.parametrize("module", [Residual(), ReuseAfterWrite(), Chained()],
+                         ids=["residual", "reuse-after-write", "chained"])
+def test_fresh_tensors_written_in_place_become_functional_without_a_retrace(
+        module: nn.Module) -> None:
+    """Writes into a tensor an operator just made, which no view aliases, are rewritten by
+    ``rewrite_in_place`` (no in-place call left), and the graph still computes the module."""
+    from ollie.frontend.inplace import rewrite_in_place
+
+    x = torch.randn(2, 4, 6, 6) if isinstance(module, Residual) else torch.randn(2, 3)
+    gm = _exported(module, x)
+    assert rewrite_in_place(gm)
+    assert not any(getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable
+                   for n in gm.graph.nodes)
+    check(module, x)
+
+
+@pytest.mark.parametrize("module", [ViewWrite(), WritesInput()], ids=["view-write", "input"])
+def test_writes_others_can_see_are_left_to_torch_functionalisation(module: nn.Module) -> None:
+    """A write through a view, or into an input, is not rewritten: the graph is left exactly
+    as it was (torch's functionalisation handles it, or the module is refused)."""
+    from ollie.frontend.inplace import rewrite_in_place
+
+    gm = _exported(module, torch.randn(2, 3))
+    before = str(gm.graph)
+    assert not rewrite_in_place(gm)
+    assert str(gm.graph) == before

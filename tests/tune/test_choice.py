@@ -116,3 +116,61 @@ def test_a_choice_made_under_load_is_remembered_only_if_probed_again_alike(monke
     seen = _scripted_probes(monkeypatch, wins)
     assert c.fastest({"torch": a, "dnn": b}, (2,), ("k2",), baseline="torch") is b
     assert c.get(("k2",)) == "dnn" and len(seen) == 1
+
+
+class _Store:
+    """A :class:`ollie.settings.ChoiceStore` in a dict, recording what was asked."""
+
+    def __init__(self, stored: dict[str, str] | None = None) -> None:
+        self.stored = dict(stored or {})
+        self.recalled: list[str] = []
+
+    def recall(self, key: str) -> str | None:
+        self.recalled.append(key)
+        return self.stored.get(key)
+
+    def record(self, key: str, name: str) -> None:
+        self.stored[key] = name
+
+
+def test_a_store_backs_the_table_by_the_text_of_plain_keys():
+    store = _Store({repr(("conv", (1, 2), None, True, 0.5)): "b"})
+    c = Choices(store=store)
+    assert c.get(("conv", (1, 2), None, True, 0.5)) == "b"  # recalled, then in the table
+    assert ("conv", (1, 2), None, True, 0.5) in c
+    c.get(("conv", (1, 2), None, True, 0.5))
+    assert len(store.recalled) == 1  # the table answers the second time
+    c.remember(("gemm", 3), "x")
+    assert store.stored[repr(("gemm", 3))] == "x"
+    # a key that is not made of plain values has no stable text: never stored or recalled
+    odd = ("conv", object())
+    c.remember(odd, "y")
+    assert c.get(odd) == "y" and len(store.stored) == 2
+    assert choice.stored_key(odd) is None and choice.stored_key(("a", (1,))) == "('a', (1,))"
+
+
+def test_shared_choices_use_the_settings_store_and_a_private_one_does_not():
+    store = _Store({repr(("k",)): "a"})
+    with using(choices={}, choice_store=store):
+        assert choice.shared().get(("k",)) == "a"
+        assert Choices().get(("k",)) is None
+        c = Choices()
+        c.remember(("private",), "p")
+        assert repr(("private",)) not in store.stored
+    with using(choices={}):
+        assert choice.shared().get(("k",)) is None  # no store: memory only
+
+
+def test_a_recalled_name_is_used_only_when_it_is_offered():
+    built: list[str] = []
+
+    def builder(name: str):
+        def build():
+            built.append(name)
+            return _ident
+        return build
+
+    # a stale name (an implementation no longer offered) is measured over, not used
+    c = Choices(store=_Store({repr(("conv", 2)): "gone"}))
+    assert c.fastest_of({"a": builder("a")}, (2,), ("conv", 2)) is _ident
+    assert built == ["a"]

@@ -176,3 +176,21 @@ def test_two_processes_share_one_cache_directory(tmp_path):
         assert p.returncode == 0, err[-3000:]
         assert "ERR" in out
     assert (tmp_path / "shared" / "costs.sqlite").exists()
+
+
+def test_choices_are_kept_per_device_key_and_malformed_entries_are_not_read(ollie_settings,
+                                                                           tmp_path):
+    from ollie.tune.cache import CachedChoices, CostCache, choice_store, device_key
+
+    cache = CostCache(":memory:")
+    store = CachedChoices(cache, "cpu")
+    assert store.recall("('conv', 1)") is None
+    store.record("('conv', 1)", "oneDNN packed")
+    assert store.recall("('conv', 1)") == "oneDNN packed"
+    assert cache.get_decision(f"choice|{device_key('cpu')}|('conv', 1)") == "oneDNN packed"
+    cache.put_decision(f"choice|{device_key('cpu')}|('bad', 1)", "x\n" * 300)
+    assert store.recall("('bad', 1)") is None
+    assert choice_store(False, "cpu") is None and choice_store(True, "cuda") is None
+    ollie_settings(cache_dir=tmp_path)
+    kept = choice_store(True, "cpu")
+    assert isinstance(kept, CachedChoices) and kept.cache.path == str(tmp_path / "costs.sqlite")

@@ -25,6 +25,7 @@ import ollie.zoo.ops  # noqa: F401 - registers torch.ops.ollie.*
 from ollie.errors import OllieError, ShapeError, UnsupportedError
 from ollie.frontend import torch_views  # noqa: F401 - registers its HANDLERS entries
 from ollie.frontend.builder import GraphBuilder
+from ollie.frontend.inplace import rewrite_in_place
 from ollie.frontend.torch_ops import HANDLERS, Fallback, bind
 from ollie.graph.ir import Graph, prefixed
 from ollie.graph.opaque import TensorRef, dtype_name, torch_opaque_attrs
@@ -61,7 +62,7 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...]
                                    "trace") from e2
         users = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         return gm, {}, users
-    if _mutates(ep.graph_module):
+    if _mutates(ep.graph_module) and not rewrite_in_place(ep.graph_module):
         ep = _functional(ep, type(module).__name__)
     consts: Consts = {}
     users: list[str] = []

@@ -43,6 +43,7 @@ from ollie.optimizer.libraries import (
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, kernel_to_json
+from ollie.settings import current
 from ollie.tune.cache import CostCache, device_key
 
 if TYPE_CHECKING:
@@ -87,6 +88,21 @@ class Reference:
     rtol: float
     examples: dict[str, torch.Tensor] = field(default_factory=dict)
     example_want: dict[str, torch.Tensor] = field(default_factory=dict)
+    built: dict[int, CompiledProgram] = field(default_factory=dict, repr=False)
+    """The programs compiled for the check (:meth:`compiled`), by the identity of the program
+    object; each keeps its program alive, so an identity is never reused while it is here."""
+
+    def compiled(self, prog: Program, device: str) -> CompiledProgram:
+        """``prog`` ready to run on ``device``: the one compiled for it earlier in this check
+        when there is one (same program object, device and implementations), else a new one
+        (kept for the next call). The check, the example inputs' confirmation and the
+        returned model then run one compiled program, built once."""
+        done = self.built.get(id(prog))
+        if done is None or done.program is not prog or \
+                done.device != torch.empty(0, device=device).device or \
+                done.impls != current().implementations:
+            done = self.built[id(prog)] = CompiledProgram(prog, device)
+        return done
 
 
 def example_feeds(graph: Graph, examples: Sequence[object] | torch.Tensor | None, device: str,
@@ -160,7 +176,7 @@ def confirm(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
     if not ref.examples:
         return 0.0
     try:
-        got = CompiledProgram(prog, cfg.device).run(ref.examples)
+        got = ref.compiled(prog, cfg.device).run(ref.examples)
         err, out = example_error(got, ref.example_want)
     except Exception as exc:  # a program that fails is not used, whatever the cause
         err, out = math.inf, f"none: it failed to run ({type(exc).__name__}: {exc})"
@@ -172,6 +188,26 @@ def confirm(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
     if warn:
         log.warning("%s; not used", text)
     return None
+
+
+def agrees(prog: Program, ref: Reference, cfg: OptimizeConfig, label: str,
+           notes: list[str]) -> bool:
+    """Whether ``prog`` matches the model on the check's random inputs (``ref``) within
+    ``ref.rtol``; when not (or when it fails to run), a note and a warning say so. A library
+    choice applied from the cache is checked so before it is used, like one just timed."""
+    try:
+        got = ref.compiled(prog, cfg.device).run(ref.feeds)
+        err = max(rel_err(got[o], w) for o, w in ref.want.items())
+    except Exception as exc:  # a program that fails is not used, whatever the cause
+        err, why = math.inf, f"failed to run ({type(exc).__name__}: {exc})"
+    else:
+        why = f"relative error {err:.2e}, allowed {ref.rtol:.2e}"
+    if err <= ref.rtol:
+        return True
+    text = f"{label} program disagrees with the model on random inputs ({why})"
+    notes.append(text)
+    log.warning("%s; not used", text)
+    return False
 
 
 def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
@@ -194,7 +230,7 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
     feeds, want, rtol = ref.feeds, ref.want, ref.rtol
     for label, candidate in (("optimised", prog), ("without post-processing", raw)):
         try:
-            got = CompiledProgram(candidate, cfg.device).run(feeds)
+            got = ref.compiled(candidate, cfg.device).run(feeds)
             err = max(rel_err(got[o], want[o]) for o in graph.outputs)
             if err <= rtol and torch.device(cfg.device).type == "cuda":
                 candidate, err = _pinned(candidate, err, feeds, want, graph, cfg)
@@ -214,8 +250,9 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
         alternatives = {ORIGINALS: originals} if originals is not None else {}
         chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives,
                                      timed)
-        if chosen is not candidate and \
-                confirm(chosen, ref, cfg, "library choice's", notes) is None:
+        if chosen is not candidate and (
+                not agrees(chosen, ref, cfg, "library choice's", notes) or
+                confirm(chosen, ref, cfg, "library choice's", notes) is None):
             return candidate, None, label
         return chosen, decision, label
     notes.append("falling back to the original operators")

@@ -40,14 +40,7 @@ from ollie.optimizer.budget import MIN_SHARE, TIME_BUDGET, Budget
 from ollie.optimizer.chains import ChainOutcome
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
-from ollie.optimizer.final import (
-    ORIGINAL,
-    ORIGINALS,
-    checked,
-    confirm,
-    node_kernel,
-    reference,
-)
+from ollie.optimizer.final import ORIGINAL, ORIGINALS, checked, confirm, node_kernel, reference
 from ollie.optimizer.importing import to_graph
 from ollie.optimizer.keys import SubprogramKey
 from ollie.optimizer.layout import likely_channels_last
@@ -78,7 +71,7 @@ from ollie.search import SearchConfig, derive
 from ollie.search.config import machine_roofline
 from ollie.search.instantiate import Instantiator
 from ollie.settings import current, using
-from ollie.tune.cache import CostCache
+from ollie.tune.cache import CostCache, choice_store
 
 log = logging.getLogger(__name__)
 
@@ -430,8 +423,10 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
               ) -> OptimizedModel:
     t0 = time.perf_counter()
     budget = Budget(cfg.total_budget, cfg.time_budget, current().budget_clock)
-    # every phase inside the budget; once it is spent, no new library choice measured
-    with using(new_choices=budget.may_choose):
+    # every phase in the budget; once it is spent, no new library choice is measured; the
+    # choices measured are kept in the cache for the next process (tune.cache.choice_store)
+    with using(new_choices=budget.may_choose,
+               choice_store=choice_store(cfg.use_cache, cfg.device)):
         with budget.phase("import"):
             graph = to_graph(model, example_inputs)
         return _optimize_graph(graph, cfg, progress, example_inputs, budget, t0)
@@ -494,7 +489,8 @@ def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
                          "and no choice was cached")
     notes += [budget.describe()] if budget.bounded else []
     notes.append(f"optimised in {time.perf_counter() - t0:.1f} s")
-    return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device)
+    return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device,
+                          compiled=ref.compiled(prog, cfg.device))
 
 
 __all__ = ["OptimizeConfig", "OptimizedModel", "load", "optimize"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -67,7 +67,9 @@ class SubprogramReport:
 class OptimizedModel:
     """A callable optimised program with its report; ``save`` / :func:`load`.
     ``implementations``: what the program may run on (:mod:`ollie.policy`; None: the
-    settings' in effect when it is made, then set to those); saved with it."""
+    settings' in effect when it is made, then set to those); saved with it. ``compiled``:
+    ``program`` already compiled for ``device`` (the one the end-to-end check ran), used
+    instead of compiling it again when it is that program with those implementations."""
 
     program: Program
     report: list[SubprogramReport] = field(default_factory=list)
@@ -75,10 +77,14 @@ class OptimizedModel:
     input_names: tuple[str, ...] = ()
     device: str = "cpu"
     implementations: Implementations | None = None
+    compiled: InitVar[CompiledProgram | None] = None
 
-    def __post_init__(self) -> None:
-        self._compiled = CompiledProgram(self.program, self.device,
-                                         impls=self.implementations)
+    def __post_init__(self, compiled: CompiledProgram | None) -> None:
+        fits = compiled is not None and compiled.program is self.program and \
+            compiled.device == torch.empty(0, device=self.device).device and \
+            self.implementations in (None, compiled.impls)
+        self._compiled = compiled if compiled is not None and fits else \
+            CompiledProgram(self.program, self.device, impls=self.implementations)
         self.implementations = self._compiled.impls
 
     def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:

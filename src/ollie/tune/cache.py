@@ -155,6 +155,38 @@ class CostCache:
             self.db.close()
 
 
+class CachedChoices:
+    """A :class:`ollie.settings.ChoiceStore` in a :class:`CostCache`'s decisions: the choices
+    among implementations (:class:`ollie.tune.choice.Choices`) of one device, under
+    ``choice|<device key>|<choice key>`` (:func:`device_key`: a new runtime version, another
+    machine or thread count, or a restricted implementation policy reads none of them)."""
+
+    def __init__(self, cache: CostCache, device: str) -> None:
+        self.cache = cache
+        self.prefix = f"choice|{device_key(device)}|"
+
+    def recall(self, key: str) -> str | None:
+        """The name stored for ``key``, or None (a malformed entry: None)."""
+        doc = self.cache.get_decision(self.prefix + key)
+        return doc if doc is not None and 0 < len(doc) <= MAX_NAME and doc.isprintable() \
+            else None
+
+    def record(self, key: str, name: str) -> None:
+        self.cache.put_decision(self.prefix + key, name)
+
+
+MAX_NAME = 200
+"""The longest implementation name :class:`CachedChoices` reads back (a longer entry is not a
+name Ollie wrote)."""
+
+
+def choice_store(use_cache: bool, device: str) -> CachedChoices | None:
+    """The store an optimisation on ``device`` keeps its choices among implementations in: the
+    default cache's (:class:`CachedChoices`) when it uses the cache and runs on the CPU (where
+    those choices are made), else None."""
+    return CachedChoices(CostCache(), "cpu") if use_cache and device == "cpu" else None
+
+
 TIMEOUT = 30.0
 """Seconds a statement waits for another process's lock on the cache file."""
 

@@ -9,6 +9,9 @@ settings in effect (:attr:`ollie.settings.Settings.choices`: the process's, so t
 configuration measured while one program is built is not measured again for the next).
 Nothing else reads or writes a table: a caller that wants a private, empty choice (a test, a
 benchmark) passes its own :class:`Choices` or runs under ``ollie.settings.using(choices={})``.
+The shared table is also read from and written to the settings' ``choice_store`` when there is
+one (the optimizer's persistent cache, :func:`ollie.tune.cache.choice_store`), so that a
+configuration measured by one optimisation is not measured again by the next process.
 Measurement: alternately, for a few rounds, with cold caches
 (:func:`ollie.tune.measure.evict_caches`) and warm, like a cuDNN benchmark-mode algorithm
 choice; an implementation replaces the framework's own only when faster with confidence
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from ollie.settings import current
+from ollie.settings import ChoiceStore, current
 
 if TYPE_CHECKING:
     from ollie.tune.measure import Timings
@@ -44,17 +47,33 @@ class Choices:
     """Per configuration key (a hashable value describing what is computed), the name of the
     implementation that measured fastest."""
 
-    def __init__(self, table: dict[Hashable, str] | None = None) -> None:
+    def __init__(self, table: dict[Hashable, str] | None = None,
+                 store: ChoiceStore | None = None) -> None:
         self.table: dict[Hashable, str] = {} if table is None else table
         """What is remembered (``table``: one to read and write, default a new empty one)."""
+        self.store = store
+        """Where choices are also recalled from and recorded to (another process's choices),
+        by the ``repr`` of their key, for keys made of plain values only (:func:`stored_key`);
+        None: ``table`` alone."""
 
     def get(self, key: Hashable) -> str | None:
-        """The name remembered for ``key``, or None."""
-        return self.table.get(key)
+        """The name remembered for ``key`` (in the table, else in the store: then copied into
+        the table), or None. A stored name is only a hint: every chooser uses it only when it
+        names an implementation it offers."""
+        name = self.table.get(key)
+        text = stored_key(key) if name is None and self.store is not None else None
+        if text is not None and self.store is not None:
+            name = self.store.recall(text)
+            if name is not None:
+                self.table[key] = name
+        return name
 
     def remember(self, key: Hashable, name: str) -> None:
-        """Remember ``name`` as the choice for ``key``."""
+        """Remember ``name`` as the choice for ``key`` (recorded in the store too)."""
         self.table[key] = name
+        text = stored_key(key) if self.store is not None else None
+        if text is not None and self.store is not None:
+            self.store.record(text, name)
 
     def forget(self, key: Hashable) -> None:
         """Drop the choice for ``key`` (if any)."""
@@ -208,9 +227,22 @@ def pick(cold: Timings, warm: Timings, baseline: str | None = None) -> str:
 
 
 def shared() -> Choices:
-    """The choices of the settings in effect (:attr:`ollie.settings.Settings.choices`), asked
-    by every chooser given no :class:`Choices` of its own."""
-    return Choices(current().choices)
+    """The choices of the settings in effect (:attr:`ollie.settings.Settings.choices`, backed
+    by their ``choice_store``), asked by every chooser given no :class:`Choices` of its
+    own."""
+    settings = current()
+    return Choices(settings.choices, settings.choice_store)
 
 
-__all__ = ["ANY_OF", "PROBE_ROUNDS", "PROBE_SECONDS", "Choices", "pick", "probe", "shared"]
+def stored_key(key: Hashable) -> str | None:
+    """``repr(key)`` when ``key`` is built of plain values only (strings, numbers, booleans,
+    None and tuples of them: the same text in every process), else None (not stored)."""
+    def plain(v: object) -> bool:
+        if isinstance(v, tuple):
+            return all(plain(x) for x in v)
+        return v is None or isinstance(v, (str, int, float, bool))
+    return repr(key) if plain(key) else None
+
+
+__all__ = ["ANY_OF", "PROBE_ROUNDS", "PROBE_SECONDS", "Choices", "pick", "probe", "shared",
+           "stored_key"]

@@ -1,0 +1,99 @@
+"""A warm optimisation (the cache of an earlier one, in a new process): no choice among
+implementations measured again (:func:`ollie.tune.cache.choice_store`), one compiled program
+for the check and the result (:meth:`ollie.optimizer.final.Reference.compiled`), and a library
+choice read from the cache checked on random inputs before it is used
+(:func:`ollie.optimizer.final.agrees`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ollie
+from ollie.exec.executor import CompiledProgram
+from ollie.libs import onednn
+from ollie.optimizer.final import Reference, agrees
+from ollie.optimizer.report import OptimizedModel
+from ollie.settings import using
+from ollie.tune import choice
+from ollie.tune.cache import CostCache
+
+FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,
+            total_budget=None)
+
+
+def _model() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                      nn.ReLU()).eval()
+    return m, torch.randn(1, 8, 12, 12)
+
+
+@pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
+def test_a_warm_optimisation_measures_no_choice_made_by_an_earlier_process(
+        ollie_settings, tmp_path, monkeypatch):
+    m, x = _model()
+    probes: list[tuple[str, ...]] = []
+    real = choice.probe
+
+    def counting(impls, args, rounds=choice.PROBE_ROUNDS):
+        probes.append(tuple(impls))
+        return real(impls, args, rounds)
+
+    monkeypatch.setattr(choice, "probe", counting)
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None)
+    cold = ollie.optimize(m, (x,), **FAST)
+    assert probes, "the cold optimisation measured its convolutions' implementations"
+    stored = CostCache(tmp_path / "costs.sqlite").db.execute(
+        "SELECT count(*) FROM decisions WHERE key LIKE 'choice|%'").fetchone()[0]
+    assert stored >= 1
+    probes.clear()
+    with using(choices={}):  # what a new process has: an empty table
+        warm = ollie.optimize(m, (x,), **FAST)
+    assert probes == []
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(warm(x), cold(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_and_the_result_share_one_compiled_program(ollie_settings, tmp_path):
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    built: list[int] = []
+    real_init = CompiledProgram.__init__
+
+    def init(self, program, *args, **kwargs):
+        built.append(id(program))
+        real_init(self, program, *args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(CompiledProgram, "__init__", init)
+    try:
+        prog = ollie.optimize(m, (x,), **{**FAST, "choose_libraries": False})
+    finally:
+        mp.undo()
+    # the returned program was compiled once, for the check, and not again
+    assert built.count(id(prog.program)) == 1
+    assert prog._compiled.program is prog.program
+    # a compiled program of another program is not taken
+    other = OptimizedModel(prog.program, compiled=CompiledProgram(
+        ollie.optimize(m, (x,), **{**FAST, "choose_libraries": False}).program))
+    assert other._compiled.program is other.program
+
+
+def test_a_program_that_disagrees_on_random_inputs_is_not_agreed(ollie_settings, tmp_path,
+                                                               caplog):
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    prog = ollie.optimize(m, (x,), **{**FAST, "choose_libraries": False})
+    feeds = {prog.program.inputs[0][0]: torch.randn(1, 8, 12, 12)}
+    with torch.no_grad():
+        want = {prog.program.outputs[0]: m(feeds[prog.program.inputs[0][0]])}
+    cfg = ollie.OptimizeConfig()
+    notes: list[str] = []
+    assert agrees(prog.program, Reference(feeds, want, 1e-4), cfg, "test", notes)
+    assert notes == []
+    wrong = {k: v + 1.0 for k, v in want.items()}
+    assert not agrees(prog.program, Reference(feeds, wrong, 1e-4), cfg, "test", notes)
+    assert len(notes) == 1 and "disagrees with the model on random inputs" in notes[0]
