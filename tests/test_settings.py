@@ -148,3 +148,9 @@ def test_a_search_reads_the_settings_clock():
         full = ollie.derive(ollie.parse(text), max_depth=3, time_budget=1.0)
     assert late.stats["states_visited"] < full.stats["states_visited"]
     assert full.stats["seconds"] == 0.0
+
+
+def test_a_cache_directory_given_as_text_is_a_path(tmp_path):
+    with using(cache_dir=str(tmp_path)) as s:
+        assert s.cache_dir == tmp_path and s.cache_root == tmp_path
+        assert current().cache_root / "costs.sqlite" == tmp_path / "costs.sqlite"

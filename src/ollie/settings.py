@@ -143,6 +143,10 @@ class Settings:
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
     choice_store: ChoiceStore | None = field(default=None, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.cache_dir, str):  # using(cache_dir="...") as with a Path
+            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+
     @property
     def cache_root(self) -> Path:
         """:attr:`cache_dir`, or ``~/.cache/ollie`` when it is None (usable or not)."""

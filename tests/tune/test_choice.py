@@ -3,6 +3,7 @@ it; the choosers ask the one they are given, else the table of the settings in e
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ollie.settings import current, using
@@ -174,3 +175,18 @@ def test_a_recalled_name_is_used_only_when_it_is_offered():
     c = Choices(store=_Store({repr(("conv", 2)): "gone"}))
     assert c.fastest_of({"a": builder("a")}, (2,), ("conv", 2)) is _ident
     assert built == ["a"]
+
+
+def test_an_empty_private_table_is_asked_not_the_shared_one():
+    """``Choices`` has a length: an empty one is falsy, and still the table a chooser asks."""
+    from ollie.exec.conv import best_conv
+    from ollie.libs import onednn
+
+    if not onednn.available():
+        pytest.skip("torch built without oneDNN: a single implementation, nothing chosen")
+    mine = Choices()
+    with using(choices={"sentinel": "x"}, sleep=lambda s: None):
+        w = torch.randn(4, 3, 3, 3)
+        best_conv("Conv2d", w, None, (1, 3, 8, 8), (1, 1), (1, 1), (1, 1), choices=mine)
+        assert set(current().choices) == {"sentinel"}
+    assert len(mine) == 1

@@ -131,7 +131,7 @@ def best_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,
             residual)) if op == "Conv2d" else (lambda: winograd.winograd_conv_transpose2d(
                 weight, input_shape, stride, padding, output_padding, dilation, bias, groups,
                 activation, residual))
-    return (choices or shared()).fastest_of(
+    return (choices if choices is not None else shared()).fastest_of(
         builders, input_shape, key,
         lambda: onednn.probes(input_shape, plain, residual, channels_last), prefer, TORCH)
 

@@ -192,7 +192,7 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     products = implementations(a, b, bias, activation, constant, policy)
     with torch.inference_mode():
         want = products["MKL"](a, b)
-        choices = choices or shared()
+        choices = choices if choices is not None else shared()
         chosen = prefer if prefer in products else choices.get(key)
         if chosen in products and (chosen == "MKL" or _agrees(products[chosen], want, a, b)):
             return chosen, products[chosen]  # type: ignore[index]

@@ -225,10 +225,11 @@ def grouped_products(u: torch.Tensor, rows: int,
 
     builders = {"oneDNN": library, "blocked": blocked}
     try:
-        return (choices or shared()).fastest_of(builders, (rows, groups, c),
-                                 ("Winograd products", *u.shape, rows),
-                                 lambda: (torch.randn(rows, groups, c),
-                                          torch.empty(rows, groups, k)))
+        table = choices if choices is not None else shared()
+        return table.fastest_of(builders, (rows, groups, c),
+                                ("Winograd products", *u.shape, rows),
+                                lambda: (torch.randn(rows, groups, c),
+                                         torch.empty(rows, groups, k)))
     except ValueError:   # neither builds
         return None
 

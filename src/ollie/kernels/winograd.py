@@ -355,7 +355,7 @@ def _fastest_tile(build, parts: list[Part], input_shape: tuple[int, ...],
         forms[f"overlap F({TILE[r]}x{TILE[r]})"] = (
             overlap, TILE[r], (("lin_in", input_shape[1]), ("lin_out", kp)))
     key = ("Winograd tile", *key)
-    choices = choices or shared()
+    choices = choices if choices is not None else shared()
     chosen = choices.get(key)
     # the transforms of the forms built, compiled side by side first
     codegen_precompile([(kind, m, r, ch)
