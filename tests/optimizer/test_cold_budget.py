@@ -6,6 +6,7 @@ never timed."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -248,3 +249,66 @@ def test_a_budget_that_left_subprograms_unsearched_compares_only_the_regions(
         seen.append([n.split(" (")[0] for n in notes if "quick comparison" in n])
     # compared once (spent or not: its time is bounded), then cached
     assert seen == [["convolution libraries, quick comparison: per operator"], []], notes
+
+
+@pytest.mark.parametrize("seconds, kept", [
+    # name -> seconds per call; the regions of the original operators win by far: kept
+    ({"per operator": 2.0, "ONNX Runtime regions": 1.5,
+      "original operators: ONNX Runtime regions": 1.0}, "original operators"),
+    # the program's own regions more than ALTERNATIVE_MARGIN faster: they are kept
+    ({"per operator": 2.0, "ONNX Runtime regions": 0.95,
+      "original operators: ONNX Runtime regions": 1.0}, None),
+    # the program's own regions faster, but by less than the margin: the alternative's
+    ({"per operator": 2.0, "ONNX Runtime regions": 0.99,
+      "original operators: ONNX Runtime regions": 1.0}, "original operators"),
+    # no faster than the program itself: the program as it is
+    ({"per operator": 1.0, "ONNX Runtime regions": 1.0,
+      "original operators: ONNX Runtime regions": 1.0}, "program"),
+])
+def test_the_quick_comparison_offers_the_original_operators_regions(
+        ollie_settings, tmp_path, monkeypatch, seconds, kept):
+    """A rewrite can break an ONNX Runtime region: under a spent budget the quick comparison
+    also times the regions of the model's original operators (the alternative), and keeps
+    them as the full comparison would."""
+    from ollie.graph import run_graph
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.final import ORIGINALS, all_nodes, libraries
+    from ollie.optimizer.importing import to_graph
+    from ollie.optimizer.libraries import REGIONS
+    from ollie.tune.cache import CostCache
+
+    measure = importlib.import_module("ollie.tune.measure")  # the package exports a function
+
+    ollie_settings(cache_dir=tmp_path, **QUICK)
+    m, x = _model()
+    graph = to_graph(m, (x,))
+    prog, originals = all_nodes(graph), all_nodes(graph)
+    feeds = {graph.input_names[0]: x}
+    want = run_graph(graph, feeds)
+    timed: list[set[str]] = []
+    real = measure.measure_rounds
+
+    def rounds(fns, *args, **kwargs):
+        if not set(fns) <= set(seconds):  # a convolution's choice among implementations
+            return real(fns, *args, **kwargs)
+        timed.append(set(fns))
+        wobble = [1.0, 1.01, 0.99, 1.02, 0.98]
+        return measure.Timings({n: [seconds[n] * w for w in wobble] for n in fns})
+
+    monkeypatch.setattr(measure, "measure_rounds", rounds)
+    notes: list[str] = []
+    got, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), notes,
+                              CostCache(), {ORIGINALS: originals}, timed=False)
+    assert timed == [set(seconds)]
+    if kept == "original operators":
+        assert decision is not None and decision.alternative == ORIGINALS
+        assert decision.choice == REGIONS and got is not prog and got is not originals
+    elif kept is None:
+        assert decision is not None and decision.alternative is None
+        assert decision.choice == REGIONS
+    else:
+        assert got is prog and decision is None
+    # cached: the same answer again, nothing timed
+    _, cached = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], CostCache(),
+                          {ORIGINALS: originals}, timed=False)
+    assert len(timed) == 1 and cached == decision

@@ -319,7 +319,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             notes.append("convolution libraries and the original operators not compared in "
                          "the whole program: the total time budget ran out and no choice "
                          "was cached")
-            return quick_regions(prog, feeds, want, cfg, notes, cache)
+            return quick_regions(prog, feeds, want, cfg, notes, cache, alternatives)
         return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
                                             alternatives, settle=cfg.settle)
@@ -339,51 +339,74 @@ QUICK_SECONDS = 5.0
 
 def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
                   want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
-                  cache: CostCache | None) -> tuple[Program, LibraryDecision | None]:
+                  cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
+                  ) -> tuple[Program, LibraryDecision | None]:
     """The one whole-program library comparison made when a total budget left subprograms
     unsearched or is spent (its time is bounded: part of the end-to-end check,
     :meth:`ollie.optimizer.budget.Budget.overshoot_bound`): ``prog`` against its ONNX Runtime
-    regions
-    (:data:`~ollie.optimizer.libraries.REGIONS`: no code compiled, one session per region),
-    :data:`QUICK_ROUNDS` interleaved rounds; the regions are kept only when they match
-    ``want`` and are faster with confidence (:func:`ollie.tune.decide.faster`). The decision
-    is cached apart from :func:`libraries`' (a comparison of every variant)."""
+    regions (:data:`~ollie.optimizer.libraries.REGIONS`: no code compiled, one session per
+    region) and against those of each of ``alternatives`` (the model's original operators
+    when a subprogram was rewritten: a rewrite that breaks a region can lose the program),
+    :data:`QUICK_ROUNDS` interleaved rounds. A variant must match ``want``; ``prog``'s
+    regions are kept only when faster than ``prog`` with confidence
+    (:func:`ollie.tune.decide.faster`); an alternative's regions, when faster than ``prog``
+    with confidence and ``prog``'s best is not :data:`~ollie.optimizer.libraries.
+    ALTERNATIVE_MARGIN` faster than them (as :func:`~ollie.optimizer.libraries.
+    choose_libraries` keeps an alternative). The decision is cached apart from
+    :func:`libraries`' (a comparison of every variant)."""
     from ollie.optimizer.libraries import PER_OPERATOR, REGIONS, variant
     from ollie.tune.decide import faster
     from ollie.tune.measure import measure_rounds, settled_lead
 
-    regions = variant(prog, REGIONS)
-    if regions is None:
+    alternatives = alternatives or {}
+    offered: dict[str, tuple[Program, LibraryDecision | None]] = {PER_OPERATOR: (prog, None)}
+    for alt, base in ((None, prog), *alternatives.items()):
+        regions = variant(base, REGIONS)
+        if regions is not None:
+            decision = LibraryDecision(REGIONS, alt)
+            offered[decision.name] = (regions, decision)
+    if len(offered) < 2:
         return prog, None
     key = f"libraries-quick|{program_digest(prog)}|{REGIONS}|{device_key(cfg.device)}"
+    if alternatives:  # the alternatives and the margin they win by are part of the key
+        key += "|" + "+".join(f"{a}:{program_digest(p)}" for a, p in alternatives.items()) + \
+            f"|margin{ALTERNATIVE_MARGIN:g}"
     doc = cache.get_decision(key) if cache is not None else None
-    if doc in (PER_OPERATOR, REGIONS):
-        chosen = regions if doc == REGIONS else prog
-    else:
+    if doc not in offered:
         fns: dict[str, Callable[[], object]] = {}
         spinning: set[str] = set()
-        try:
-            for name, p in ((PER_OPERATOR, prog), (REGIONS, regions)):
+        for name, (p, _) in offered.items():
+            try:
                 compiled = CompiledProgram(p, "cpu")
                 got = compiled.run(feeds)
-                if name == REGIONS and any(rel_err(got[o], want[o]) > cfg.check_rtol
-                                           for o in want):
+            except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
+                log.info("%s not compared: %s", name, exc)
+                if name == PER_OPERATOR:
                     return prog, None
-                spinning |= {name} if compiled.spins else set()
-                fns[name] = functools.partial(compiled, *[feeds[n] for n, _ in p.inputs])
-        except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
-            log.info("ONNX Runtime regions not compared: %s", exc)
+                continue
+            if name != PER_OPERATOR and any(rel_err(got[o], want[o]) > cfg.check_rtol
+                                            for o in want):
+                continue
+            spinning |= {name} if compiled.spins else set()
+            fns[name] = functools.partial(compiled, *[feeds[n] for n, _ in p.inputs])
+        if len(fns) < 2:
             return prog, None
         timed = measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, max_seconds=QUICK_SECONDS,
                                min_sample=0.02, lead_calls=1, settle=cfg.settle,
                                lead_seconds=settled_lead(cfg.settle), settle_around=spinning)
-        wins = faster(timed.samples[REGIONS], timed.samples[PER_OPERATOR]).decided
-        chosen, doc = (regions, REGIONS) if wins else (prog, PER_OPERATOR)
+        wins = [n for n in fns if n != PER_OPERATOR and
+                faster(timed.samples[n], timed.samples[PER_OPERATOR]).decided]
+        doc = min([PER_OPERATOR] + [n for n in wins if n == REGIONS], key=timed.median)
+        others = [n for n in wins if n != REGIONS]
+        if others:
+            alt = min(others, key=timed.median)
+            if timed.median(doc) > (1 - ALTERNATIVE_MARGIN) * timed.median(alt):
+                doc = alt
         notes.append(f"convolution libraries, quick comparison: {doc} ("
                      + ", ".join(f"{n} {timed.median(n) * 1e3:.3f} ms" for n in fns) + ")")
         if cache is not None:
             cache.put_decision(key, doc)
-    return chosen, LibraryDecision(REGIONS) if chosen is regions else None
+    return offered[doc]
 
 
 __all__ = ["ORIGINAL", "ORIGINALS", "Reference", "all_nodes", "checked", "confirm",
