@@ -4,8 +4,8 @@
 compile ahead on every core, whether CUDA programs replay as CUDA graphs, whether CUDA
 eOperators run on Triton's CPU interpreter, the clocks of time budgets and of measurements, the
 sleep of a measurement's settle, what the garbage collector does while Ollie times or
-searches, which implementations programs may run on (:mod:`ollie.policy`), and the load
-average that tells whether a measurement was made on a busy machine.
+searches, which implementations programs may run on (:mod:`ollie.policy`), and the load of
+other processes that tells whether a measurement was made on a busy machine.
 
 The process's settings are read from the environment once, at the first :func:`current`
 (:func:`from_environ` says which variable sets which field; README.md lists them). Nothing
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ollie.machine_load import others_load
 from ollie.policy import ALL, Implementations
 
 CACHE_DIR_ENV = "OLLIE_CACHE_DIR"
@@ -55,14 +56,6 @@ Clock = Callable[[], float]
 
 def _always() -> bool:
     return True
-
-
-def _load_average() -> float:
-    """The one-minute load average, 0.0 where the system has none."""
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return 0.0
 
 
 class ChoiceStore(Protocol):
@@ -99,9 +92,10 @@ class Settings:
     suite stops it for every test but those of the budget, so that what an optimisation
     searches does not depend on how busy the machine is.
 
-    ``load``: the machine's one-minute load average (runnable processes; :func:`os.getloadavg`,
-    0 where there is none); a measured choice made while it is high is measured again before
-    it is kept (:func:`ollie.tune.decide.busy`). A test passes a constant.
+    ``load``: how many cores other processes keep busy (:func:`ollie.machine_load.others_load`:
+    the machine's CPU time less this process's over the last seconds; the one-minute load
+    average where that cannot be read); a measured choice made while it is high is measured
+    again before it is kept (:func:`ollie.tune.decide.busy`). A test passes a constant.
 
     ``pause_gc_while_timing``: Python's cyclic collector is off while a measurement times
     (:func:`ollie.tune.measure.gc_paused`).
@@ -135,7 +129,7 @@ class Settings:
     measure_clock: Clock = time.perf_counter
     budget_clock: Clock = time.perf_counter
     sleep: Callable[[float], object] = time.sleep
-    load: Callable[[], float] = _load_average
+    load: Callable[[], float] = others_load
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL

@@ -82,8 +82,7 @@ def test_the_check_and_the_result_share_one_compiled_program(ollie_settings, tmp
     assert other._compiled.program is other.program
 
 
-def test_a_program_that_disagrees_on_random_inputs_is_not_agreed(ollie_settings, tmp_path,
-                                                               caplog):
+def test_a_program_that_disagrees_on_random_inputs_is_not_agreed(ollie_settings, tmp_path):
     ollie_settings(cache_dir=tmp_path)
     m, x = _model()
     prog = ollie.optimize(m, (x,), **{**FAST, "choose_libraries": False})

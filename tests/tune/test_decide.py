@@ -89,16 +89,36 @@ def test_busy_reads_the_settings_load_and_the_spread(ollie_settings):
     assert busy(quiet)
 
 
-def test_busy_reads_getloadavg_by_default(monkeypatch, ollie_settings):
-    import os
-
+def test_busy_reads_the_load_of_other_processes_by_default(monkeypatch, ollie_settings):
+    from ollie import machine_load
     from ollie.settings import Settings
 
-    ollie_settings(load=Settings().load)  # the default, which the suite replaces by 0
-    monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 0.0, 0.0), raising=False)
-    assert busy([1.0, 1.0, 1.0])
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
+    assert Settings().load is machine_load.others_load  # the default, the suite's is 0
+    n = decide.cores()
+    others = decide.BUSY_LOAD * n + 0.5  # cores kept busy by another process
+    samples = iter([(0.0, 0.0, 0.0), (1.0, n, n), (2.0, n + others, n)])
+    meter = machine_load.LoadMeter(lambda: next(samples))
+    meter.prime()
+    ollie_settings(load=meter)
+    # this process kept every core busy for a second, nothing else ran: not busy
     assert not busy([1.0, 1.0, 1.0])
+    # then another process kept more than BUSY_LOAD of them busy for a second: busy
+    assert busy([1.0, 1.0, 1.0])
+
+
+def test_the_load_meter_falls_back_to_the_load_average(monkeypatch):
+    import os
+
+    from ollie import machine_load
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 0.0, 0.0), raising=False)
+    assert machine_load.LoadMeter(lambda: None)() == 7.0  # no /proc/stat
+    first = machine_load.LoadMeter(lambda: (5.0, 1.0, 1.0))
+    assert first() == 7.0  # no sample old enough to span a window yet
+    assert machine_load.cpu_sample("/nonexistent/stat") is None
+    real = machine_load.cpu_sample()
+    if real is not None:  # Linux: a parsed sample of this machine
+        assert real[1] >= 0 and real[2] >= 0
 
 
 @pytest.mark.timing

@@ -41,8 +41,8 @@ MIN_PAIRS = 3
 medians' ratio is compared with the margin instead."""
 
 BUSY_LOAD = 0.5
-"""A machine whose one-minute load average exceeds this many runnable processes per core is
-busy (:func:`busy`)."""
+"""A machine on which other processes keep more than this fraction of the cores busy (the
+settings' ``load``, :func:`ollie.machine_load.others_load`) is busy (:func:`busy`)."""
 
 BUSY_SPREAD = 0.10
 """A baseline whose relative median absolute deviation exceeds this was measured on a busy
@@ -118,8 +118,8 @@ def cores() -> int:
 
 def busy(base: Sequence[float] = ()) -> bool:
     """Whether a measurement whose baseline took ``base`` seconds per sample was made on a busy
-    machine: the settings' ``load`` (one-minute load average) above :data:`BUSY_LOAD` per
-    core, or the baseline's relative spread above :data:`BUSY_SPREAD`."""
+    machine: the settings' ``load`` (cores other processes keep busy) above
+    :data:`BUSY_LOAD` per core, or the baseline's relative spread above :data:`BUSY_SPREAD`."""
     return current().load() > BUSY_LOAD * cores() or relative_spread(base) > BUSY_SPREAD
 
 
