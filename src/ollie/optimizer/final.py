@@ -37,7 +37,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     LibraryDecision,
     choose_libraries,
-    is_library_conv,
+    has_choices,
     rel_err,
 )
 from ollie.program.kernel import Kernel
@@ -315,7 +315,7 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         f"margin{ALTERNATIVE_MARGIN:g}|{device_key(cfg.device)}"
     decided = LibraryDecision.from_json(cache.get_decision(key)) if cache is not None else None
     if decided is None and not timed:
-        if alternatives or sum(is_library_conv(k) for k in prog.kernels) >= 2:
+        if alternatives or has_choices(prog):
             notes.append("convolution libraries and the original operators not compared in "
                          "the whole program: the total time budget ran out and no choice "
                          "was cached")

@@ -132,6 +132,17 @@ def is_library_conv(k: Kernel) -> bool:
     return k.kind is KernelKind.CONV or (isinstance(p, NodeParams) and p.op in CONV_OPS)
 
 
+def has_choices(prog: Program) -> bool:
+    """Whether ``prog`` has library choices to compare: two library convolutions or more
+    (:func:`is_library_conv`), or a matrix product (a ``Matmul`` kernel, a graph ``MatMul``
+    or ``Gemm``) that an ONNX Runtime region may hold (:data:`REGIONS`)."""
+    if sum(is_library_conv(k) for k in prog.kernels) >= 2:
+        return True
+    return any(k.kind is KernelKind.MATMUL or (isinstance(k.params, NodeParams) and
+                                               k.params.op in ("MatMul", "Gemm"))
+               for k in prog.kernels)
+
+
 def winograd_applies(k: Kernel, prog: Program) -> bool:
     """Whether :func:`ollie.exec.conv.best_conv` would offer library convolution ``k``
     of ``prog`` a Winograd form (:func:`ollie.exec.conv.offers_winograd`: one exists and
@@ -187,7 +198,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     alternatives = alternatives or {}
     if isinstance(decided, str):
         decided = LibraryDecision(decided)
-    if not alternatives and sum(is_library_conv(k) for k in prog.kernels) < 2:
+    if not alternatives and not has_choices(prog):
         return prog, None, None
     if decided == LibraryDecision(PER_OPERATOR):  # nothing to check: ``prog`` as it is
         return prog, decided, f"convolution libraries: {_label(decided)} (cached)"
@@ -199,6 +210,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
         choices = [PER_OPERATOR]
         if sum(is_library_conv(k) for k in program.kernels) >= 2:
             choices += CHOICES
+        elif has_choices(program):  # products only: their regions are the one choice
+            choices.append(REGIONS)
         for n in choices:
             d = LibraryDecision(n, base)
             if decided in (None, d) and (v := variant(program, n)) is not None:

@@ -1,6 +1,7 @@
 """The ONNX nodes of a run of program kernels (:class:`Builder`): graph operators kept as they
 are (convolutions with their fused bias / residual / activation, pooling, Gemm, element-wise
-operators), library ``Conv`` kernels, and ``Matmul`` kernels and eOperators through
+operators, the opaque torch operators of :mod:`ollie.backends.onnxrt.opaque`), library
+``Conv`` kernels, and ``Matmul`` kernels and eOperators through
 :mod:`ollie.backends.onnxrt.expr` / :mod:`ollie.backends.onnxrt.views`. Used by
 :mod:`ollie.backends.onnxrt.region`, which decides which kernels form a region and runs the
 session."""
@@ -13,8 +14,10 @@ import numpy as np
 import torch
 
 from ollie.activations import ACTIVATIONS
+from ollie.backends.onnxrt import opaque
 from ollie.backends.onnxrt.views import out_node
 from ollie.graph.execute import pad4, pair
+from ollie.graph.ir import OPAQUE
 from ollie.libs.tensors import kernel_input
 from ollie.program.kernel import Kernel, View
 from ollie.program.params import ConvParams, KernelKind, MatmulParams, NodeParams
@@ -122,6 +125,13 @@ class Builder:
             y = self.node("Gemm", ins, "gemm", **kw)
         elif op == "Flatten":
             y = self.node("Flatten", ins, "flat", axis=int(attrs.get("axis", 1)))
+        elif op == "Softmax":
+            y = self.node("Softmax", ins, "softmax", axis=int(attrs.get("axis", -1)))
+        elif op == OPAQUE:
+            emitted = opaque.emit(self, node, ins)
+            if emitted is None:
+                raise ValueError(f"opaque operator {node.name} is not expressible in ONNX")
+            y = emitted
         else:
             y = self.node(op, ins, op.lower())
         y = self.epilogue(y, k, residual)

@@ -43,12 +43,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ollie.backends.onnxrt import opaque
 from ollie.backends.onnxrt.build import ACT as _ACT
 from ollie.backends.onnxrt.build import CONVS as _CONVS
 from ollie.backends.onnxrt.build import POOLS as _POOLS
 from ollie.backends.onnxrt.build import Builder
 from ollie.errors import ShapeError
 from ollie.graph import COMPUTE_OPS
+from ollie.graph.ir import OPAQUE
 from ollie.ir import Expr
 from ollie.libs.tensors import flat_identity
 from ollie.program.kernel import Kernel, View
@@ -103,8 +105,12 @@ def exportable(k: Kernel, constants: Mapping[str, object],
                 ins[0] not in constants
         if p.residual:
             return False
+        if op == OPAQUE:
+            return _opaque_expressible(k, constants, shapes)
+        if op == "MatMul":  # torch.matmul and ONNX MatMul broadcast alike
+            return len(ins) == 2
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
-            (op == "Flatten" and not act)
+            (op in ("Flatten", "Softmax") and not act)
     if k.kind in (KernelKind.EOP, KernelKind.MATMUL):
         return _expressible(k, constants, shapes)
     if isinstance(p, ConvParams):
@@ -119,6 +125,22 @@ def exportable(k: Kernel, constants: Mapping[str, object],
         return _flat(views[0], int(np.prod(shapes[k.inputs[0]]))) and \
             all(v is None for v in views[2:])
     return False
+
+
+def _opaque_expressible(k: Kernel, constants: Mapping[str, object],
+                        shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """An opaque torch operator :mod:`ollie.backends.onnxrt.opaque` expresses with these
+    arguments (tried in a scratch :class:`Builder`)."""
+    p = k.params
+    assert isinstance(p, NodeParams)
+    if not opaque.supported(p.node):
+        return False
+    scratch = Builder(constants, dict(shapes))  # type: ignore[arg-type]
+    try:
+        ins = [scratch.const(n) if n in constants else n for n in k.inputs]
+        return opaque.emit(scratch, p.node, ins) is not None
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _expressible(k: Kernel, constants: Mapping[str, object],
@@ -186,14 +208,16 @@ def _cheap(expr: Expr, compute: bool = False) -> bool:
     return "Gather" not in ops
 
 
-def _is_conv(k: Kernel) -> bool:
+def _is_anchor(k: Kernel) -> bool:
+    """A convolution or a matrix product: what makes a run worth a session."""
     p = k.params
-    return k.kind is KernelKind.CONV or (isinstance(p, NodeParams) and p.op in _CONVS)
+    return k.kind in (KernelKind.CONV, KernelKind.MATMUL) or \
+        (isinstance(p, NodeParams) and (p.op in _CONVS or p.op in ("MatMul", "Gemm")))
 
 
 def spans(prog: Program) -> list[tuple[int, int]]:
-    """Maximal runs ``[start, end)`` of exportable kernels holding a convolution and at least
-    :data:`MIN_KERNELS` kernels."""
+    """Maximal runs ``[start, end)`` of exportable kernels holding a convolution or a matrix
+    product and at least :data:`MIN_KERNELS` kernels."""
     shapes = prog.tensor_shapes()
     out, start = [], None
     flags = [exportable(k, prog.constants, shapes) for k in prog.kernels] + [False]
@@ -202,7 +226,7 @@ def spans(prog: Program) -> list[tuple[int, int]]:
             start = i
         elif not ok and start is not None:
             run = prog.kernels[start:i]
-            if len(run) >= MIN_KERNELS and any(_is_conv(k) for k in run):
+            if len(run) >= MIN_KERNELS and any(_is_anchor(k) for k in run):
                 out.append((start, i))
             start = None
     return out

@@ -1,0 +1,137 @@
+"""Opaque torch operators an ONNX Runtime region still expresses: ``layer_norm`` (ONNX
+``LayerNormalization``), ``gelu`` (its ``Erf`` or ``Tanh`` formula, which ONNX Runtime fuses
+into one kernel) and ``scaled_dot_product_attention`` without mask, dropout or causality
+(``MatMul``, ``Softmax``, ``MatMul``).
+
+Ollie has no expression for these operators (they run as the aten operator, an ``Opaque``
+node), so each ended a region: a transformer block or a ConvNeXt block was cut into a region
+per linear layer, each paying a session call, around PyTorch's own layer norm. Expressed here,
+a whole block can be one session, as when ONNX Runtime runs the exported model. The region is
+checked against its kernels run one by one before it is used, as every region is
+(:mod:`ollie.backends.onnxrt.region`). Why: docs/design/032-opaque-operators-in-regions.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ollie.graph import Node
+from ollie.graph.opaque import OpRef, TensorRef
+
+Emit = Callable[[Any, list[str], tuple, dict], str | None]
+"""``(builder, inputs, args, kwargs) -> name of the result`` (None: not expressible)."""
+
+
+def _target(node: Node) -> str | None:
+    """``"namespace.name.overload"`` of an opaque torch node's operator, else None."""
+    attrs = node.attrs
+    target = attrs.get("target")
+    if node.op != "Opaque" or attrs.get("backend") != "torch" or not isinstance(target, OpRef):
+        return None
+    return f"{target.namespace}.{target.name}.{target.overload}"
+
+
+def _tensor(arg: object, ins: Sequence[str]) -> str | None:
+    return ins[arg.index] if isinstance(arg, TensorRef) and 0 <= arg.index < len(ins) else None
+
+
+def _arg(args: tuple, kwargs: Mapping[str, object], i: int, name: str,
+         default: object) -> object:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _layer_norm(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    x = _tensor(_arg(args, kwargs, 0, "input", None), ins)
+    shape = _arg(args, kwargs, 1, "normalized_shape", None)
+    weight, bias = _arg(args, kwargs, 2, "weight", None), _arg(args, kwargs, 3, "bias", None)
+    eps = _arg(args, kwargs, 4, "eps", 1e-5)
+    if x is None or not isinstance(shape, (list, tuple)) or not shape or \
+            not all(isinstance(d, int) for d in shape) or not isinstance(eps, (int, float)):
+        return None
+    scale = _tensor(weight, ins) if weight is not None else b.const(
+        "ln_scale", np.ones(tuple(shape), np.float32))
+    shift = _tensor(bias, ins) if bias is not None else None
+    if scale is None or (bias is not None and shift is None) or \
+            tuple(b.shapes.get(scale, ())) != tuple(shape) or \
+            (shift is not None and tuple(b.shapes.get(shift, ())) != tuple(shape)):
+        return None
+    return b.node("LayerNormalization", [x, scale] + ([shift] if shift else []), "ln",
+                  axis=-len(shape), epsilon=float(eps))
+
+
+def _gelu(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    x = _tensor(_arg(args, kwargs, 0, "self", None), ins)
+    approximate = _arg(args, kwargs, 1, "approximate", "none")
+    if x is None or approximate not in ("none", "tanh"):
+        return None
+
+    def c(v: float) -> str:
+        return b.const("gelu_c", np.asarray(v, np.float32))
+
+    if approximate == "none":  # x / 2 * (1 + erf(x / sqrt 2))
+        inner = b.node("Erf", [b.node("Div", [x, c(math.sqrt(2.0))], "gelu_s")], "gelu_e")
+    else:  # x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
+        cube = b.node("Mul", [b.node("Mul", [x, x], "gelu_x2"), x], "gelu_x3")
+        poly = b.node("Add", [x, b.node("Mul", [cube, c(0.044715)], "gelu_k")], "gelu_p")
+        inner = b.node("Tanh", [b.node("Mul", [poly, c(math.sqrt(2.0 / math.pi))],
+                                       "gelu_s")], "gelu_t")
+    half = b.node("Mul", [x, c(0.5)], "gelu_h")
+    return b.node("Mul", [half, b.node("Add", [inner, c(1.0)], "gelu_1")], "gelu")
+
+
+def _attention(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    q, k, v = (_tensor(_arg(args, kwargs, i, n, None), ins)
+               for i, n in enumerate(("query", "key", "value")))
+    if q is None or k is None or v is None or \
+            _arg(args, kwargs, 3, "attn_mask", None) is not None or \
+            _arg(args, kwargs, 4, "dropout_p", 0.0) != 0 or \
+            _arg(args, kwargs, 5, "is_causal", False) or kwargs.get("enable_gqa", False):
+        return None
+    qs, ks = tuple(b.shapes.get(q, ())), tuple(b.shapes.get(k, ()))
+    if len(qs) < 2 or len(ks) != len(qs) or qs[-1] != ks[-1] or qs[-1] <= 0:
+        return None
+    scale = kwargs.get("scale")
+    scale = 1.0 / math.sqrt(qs[-1]) if scale is None else scale
+    if not isinstance(scale, (int, float)):
+        return None
+    rank = len(ks)
+    kt = b.node("Transpose", [k], "att_kt", perm=[*range(rank - 2), rank - 1, rank - 2])
+    scores = b.node("Mul", [b.node("MatMul", [q, kt], "att_qk"),
+                            b.const("att_scale", np.asarray(scale, np.float32))], "att_s")
+    return b.node("MatMul", [b.node("Softmax", [scores], "att_p", axis=-1), v], "att")
+
+
+EMITTERS: dict[str, Emit] = {
+    "aten.layer_norm.default": _layer_norm,
+    "aten.gelu.default": _gelu,
+    "aten.scaled_dot_product_attention.default": _attention,
+}
+"""The opaque torch operators a region expresses, by ``namespace.name.overload``."""
+
+
+def supported(node: Node) -> bool:
+    """Whether ``node`` is an opaque torch operator of :data:`EMITTERS` (whether its
+    arguments fit is known when it is emitted: :func:`emit`)."""
+    target = _target(node)
+    return target is not None and target in EMITTERS and len(node.outputs) == 1
+
+
+def emit(builder: Any, node: Node, ins: list[str]) -> str | None:
+    """The ONNX nodes of opaque ``node`` in ``builder`` (an
+    :class:`ollie.backends.onnxrt.build.Builder`), its inputs under the ONNX names ``ins``;
+    the name of its result, or None when its arguments are not ones it expresses."""
+    target = _target(node)
+    fn = EMITTERS.get(target) if target is not None else None
+    if fn is None:
+        return None
+    args = node.attrs.get("args", ())
+    kwargs = node.attrs.get("kwargs", {})
+    return fn(builder, ins, tuple(args) if isinstance(args, (list, tuple)) else (),
+              dict(kwargs) if isinstance(kwargs, Mapping) else {})
+
+
+__all__ = ["EMITTERS", "emit", "supported"]
