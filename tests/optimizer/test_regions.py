@@ -187,3 +187,32 @@ out y1""")
     assert any(it.lo for d in steps for _, e in d.program.defs for it in e.root.traversal)
     for prog, _ in regions.derived_programs(ep):
         assert all(it.lo == 0 for _, e in prog.defs for it in e.root.traversal)
+
+
+def test_a_region_decision_is_reused_whatever_share_of_the_budget_it_had(
+        ollie_settings, monkeypatch, tmp_path):
+    """A region's cached decision is keyed by the configured search budget, not by the share
+    of a total budget it was derived in (which differs between a cold and a warm run)."""
+    from ollie.optimizer.budget import Budget
+
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock, cache_dir=tmp_path)
+    _script(monkeypatch, 2.0)
+    decided: list[float] = []
+    real = regions._decide
+
+    def counting(*args, **kwargs):
+        decided.append(args[8])  # its time budget
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(regions, "_decide", counting)
+    share = [1.0]
+    monkeypatch.setattr(Budget, "share", lambda self: share[0])
+    m, x = _block()
+    cfg = {**FAST, "use_cache": True, "total_budget": 1000.0}
+    ollie.optimize(m, x, **cfg)
+    assert decided and set(decided) == {1.0}
+    share[0] = 1.5  # another share of the total, as in a warm run
+    again = ollie.optimize(m, x, **cfg)
+    assert set(decided) == {1.0}  # nothing decided again
+    assert any(n.startswith("region conv2d") for n in again.notes)
+    _close(again, m, x)

@@ -255,13 +255,22 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
     key = f"region|{program_fingerprint(ep)}" + (f"|{','.join(sorted(extra))}" if extra else "")
     reused = key in memo
     if not reused:
-        ckey = (f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
-                f"{config.max_depth}|budget{time_budget:g}|cands{config.max_candidates}")
+        # keyed by the configured search budget, not by this region's share of a total one
+        # (which differs from run to run); a shorter search is kept apart ("|partial"), and a
+        # bounded run reuses either, as subprogram decisions are (optimizer.budget.Budget.keys)
+        full = (f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
+                f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+        partial = time_budget < config.time_budget
+        bounded = getattr(config, "total_budget", None) is not None
+        ckey = f"{full}|partial" if partial else full
         found = None
-        doc = None if cache is None else cache.get_decision(ckey)
-        if doc is not None:
+        for lookup in (full, f"{full}|partial") if bounded or partial else (full,):
+            doc = None if cache is None else cache.get_decision(lookup)
+            if doc is None:
+                continue
             try:
                 found = RegionOutcome.from_json(doc, ep, canon_consts)
+                break
             except (OllieError, ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a malformed cached region decision (%s)", str(exc)[:200])
         if found is None:
