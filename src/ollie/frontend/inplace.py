@@ -56,9 +56,9 @@ def _functional(node: fx.Node) -> torch._ops.OpOverload | None:
 def _plan(gm: fx.GraphModule) -> dict[fx.Node, torch._ops.OpOverload] | None:
     """Each in-place call of ``gm`` with its functional overload, when every one qualifies:
     it writes a tensor (its first argument) that an operator of the graph made without
-    aliasing anything (or an earlier qualifying in-place call returned), and that only
-    operators which alias nothing, other qualifying in-place calls and the graph's output
-    read. None when some in-place call does not."""
+    aliasing anything (or an earlier qualifying in-place call returned), and that (like the
+    call's result, the same tensor) only operators which alias nothing, other qualifying
+    in-place calls and the graph's output read. None when some in-place call does not."""
     plan: dict[fx.Node, torch._ops.OpOverload] = {}
     mutating = [n for n in gm.graph.nodes if (s := _schema(n)) is not None and s.is_mutable]
     for node in mutating:
@@ -69,7 +69,9 @@ def _plan(gm: fx.GraphModule) -> dict[fx.Node, torch._ops.OpOverload] | None:
         made = _schema(written)
         if written not in plan and (made is None or _aliases(made)):
             return None  # an input, a constant, a view or an unknown producer
-        for user in written.users:
+        # the call's result is the written tensor itself: neither may be read by an operator
+        # that aliases it (a view would see later writes that the rewrite no longer makes)
+        for user in (*written.users, *node.users):
             schema = _schema(user)
             if user.op != "output" and user not in mutating and \
                     (schema is None or _aliases(schema)):
