@@ -54,6 +54,10 @@ def test_optimized_model_matches_and_reports(small):
         if r.in_program:  # slower alone, switched on: the whole program was faster with it
             assert r.optimized_ms <= r.original_ms * ALTERNATIVE_WITHIN
             assert any(n.startswith("program context: ") for n in opt.notes)
+        elif r.eager_ms is not None and r.optimized_ms == r.eager_ms:
+            # kept as the framework runs it (PyTorch's implementation): what a choice
+            # measured with a wide spread falls back to (Selection.best, unconfirmed)
+            assert r.chosen == "original operator"
         else:
             assert r.optimized_ms <= r.original_ms * 1.0001  # never slower than the original
     assert any("checked against the original model" in n for n in opt.notes)
