@@ -76,7 +76,7 @@ class Choices:
             self.store.record(text, name)
 
     def forget(self, key: Hashable) -> None:
-        """Drop the choice for ``key`` (if any)."""
+        """Drop the choice for ``key`` from the table (if any; one in the store stays)."""
         self.table.pop(key, None)
 
     def clear(self) -> None:
