@@ -26,14 +26,20 @@ def test_each_choices_object_keeps_its_own_table():
     assert len(a) == 0
 
 
-def test_fastest_of_builds_the_remembered_choice_only():
-    built: list[str] = []
-
+def _recording(built: list[str]):
+    """``builder(name)``: a builder that records ``name`` in ``built`` and returns
+    :func:`_ident`."""
     def builder(name: str):
         def build():
             built.append(name)
             return _ident
         return build
+    return builder
+
+
+def test_fastest_of_builds_the_remembered_choice_only():
+    built: list[str] = []
+    builder = _recording(built)
 
     c = Choices()
     c.remember(("conv", 1), "b")
@@ -162,19 +168,20 @@ def test_shared_choices_use_the_settings_store_and_a_private_one_does_not():
         assert choice.shared().get(("k",)) is None  # no store: memory only
 
 
-def test_a_recalled_name_is_used_only_when_it_is_offered():
+def test_a_recalled_name_is_used_only_when_it_is_offered(ollie_settings):
+    ollie_settings(sleep=lambda seconds: None)
     built: list[str] = []
-
-    def builder(name: str):
-        def build():
-            built.append(name)
-            return _ident
-        return build
-
+    builder = _recording(built)
+    offered = {"a": builder("a"), "b": builder("b")}
+    # a stored name the chooser offers: only that one is built, nothing measured
+    c = Choices(store=_Store({repr(("conv", 2)): "b"}))
+    assert c.fastest_of(offered, (2,), ("conv", 2)) is _ident
+    assert built == ["b"]
     # a stale name (an implementation no longer offered) is measured over, not used
-    c = Choices(store=_Store({repr(("conv", 2)): "gone"}))
-    assert c.fastest_of({"a": builder("a")}, (2,), ("conv", 2)) is _ident
-    assert built == ["a"]
+    built.clear()
+    c = Choices(store=_Store({repr(("conv", 3)): "gone"}))
+    assert c.fastest_of(offered, (2,), ("conv", 3)) is _ident
+    assert sorted(built) == ["a", "b"]
 
 
 def test_an_empty_private_table_is_asked_not_the_shared_one():
