@@ -118,6 +118,54 @@ def test_reads_take_the_cheapest_form():
         assert "ReduceSum" in ops and "GlobalAveragePool" not in ops
 
 
+def test_divided_and_combined_iterators_read_without_gather():
+    # a head merge (ViT, BERT): one iterator read as quotient and remainder
+    ops = _check("A: [1, 3, 5, 4]\nL<i0=0:1, i1=0:5, i2=0:12> A[i0, i2 / 4, i1, i2 % 4]")
+    assert "Gather" not in ops and "Transpose" in ops
+    # a head split: two iterators in one dimension
+    ops = _check("A: [1, 5, 12]\nL<b=0:1, h=0:3, s=0:5, d=0:4> A[b, s, 4*h + d] * 2.0")
+    assert "Gather" not in ops and "Transpose" in ops
+    # a channel shuffle of two halves (ShuffleNet), each half read outside its tensor
+    ops = _check("A: [1, 3, 2, 2]\nB: [1, 3, 2, 2]\nL<n=0:1, c=0:6, h=0:2, w=0:2> "
+                 "A[0, c / 2 + 3*(c % 2), h, w] + B[0, c / 2 + 3*(c % 2) - 3, h, w]")
+    assert "Gather" not in ops and "Concat" in ops and "Pad" not in ops
+    # ... also under a function zero at zero; an overlap of the halves is a sum of pads
+    ops = _check("A: [1, 3, 2, 2]\nB: [1, 3, 2, 2]\nL<n=0:1, c=0:6, h=0:2, w=0:2> "
+                 "relu(A[0, c / 2 + 3*(c % 2), h, w]) + relu(B[0, c / 2 + 3*(c % 2) - 3, h, w])")
+    assert "Gather" not in ops and "Concat" in ops and "Pad" not in ops
+    ops = _check("A: [1, 3, 2, 2]\nB: [1, 3, 2, 2]\nL<n=0:1, c=0:6, h=0:2, w=0:2> "
+                 "A[0, c / 2 + 3*(c % 2), h, w] + B[0, c / 2 + 3*(c % 2), h, w]")
+    assert "Gather" not in ops and "Concat" not in ops and "Pad" in ops
+    # nearest upsampling: a quotient alone is broadcast over the remainder
+    ops = _check("A: [3, 4]\nL<i=0:6, j=0:8> A[i / 2, j / 2]")
+    assert "Gather" not in ops and "Expand" in ops
+    # a lower digit that would carry into the next, a divided iterator not starting at 0,
+    # cuts that do not divide each other: gathered
+    for text in ("A: [20]\nL<i=0:3, j=0:5> A[4*i + j]",
+                 "A: [4, 2]\nL<i=1:7> A[i / 2, i % 2]",
+                 "A: [4, 3]\nL<i=0:12> A[i / 3, i % 2]"):
+        assert "Gather" in _check(text)
+
+
+@given(st.lists(st.integers(1, 4), min_size=2, max_size=3), st.randoms(use_true_random=False))
+@settings(max_examples=30, deadline=None)
+def test_flattening_and_unflattening_reads_match_the_interpreter(sizes, rng):
+    # a tensor read through a permuted flattening of its dimensions, and the flat tensor read
+    # back through its digits: no gather where the plan applies, the interpreter's values
+    names = [f"x{d}" for d in range(len(sizes))]
+    order = list(range(len(sizes)))
+    rng.shuffle(order)
+    strides = {d: math.prod(sizes[e] for e in order[order.index(d) + 1:]) for d in order}
+    total = math.prod(sizes)
+    flat = " + ".join(f"{strides[d]}*{names[d]}" for d in order)
+    grid = ", ".join(f"{n}=0:{k}" for n, k in zip(names, sizes, strict=True))
+    ops = _check(f"F: [{total}]\nL<{grid}> F[{flat}]")
+    assert "Gather" not in ops
+    digits = ", ".join(f"f / {strides[d]} % {sizes[d]}" if order.index(d) else
+                       f"f / {strides[d]}" for d in range(len(sizes)))
+    assert "Gather" not in _check(f"A: {list(sizes)}\nL<f=0:{total}> A[{digits}]")
+
+
 def test_clamps_become_clip():
     # min(max(x, lo), hi) with literal bounds, either nesting, or one bound alone: one Clip
     for text in ("A: [2, 5]\nL<i=0:2, j=0:5> min(max(A[i, j], -0.5), 0.5)",

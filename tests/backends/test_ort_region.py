@@ -1,9 +1,10 @@
 """ONNX Runtime regions: runs of library operators found and marked, exported to one session
 that matches the module and the kernels it replaces, kept through save / load; a region that
-cannot be built or disagrees runs kernel by kernel; eOperators end a run."""
+cannot be built or disagrees runs kernel by kernel; what cannot be exported ends a run."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
         run = marked.kernels[start:end]
         assert len(run) >= ort_region.MIN_KERNELS
         assert all(k.params["region"] == run[0].params["region"] for k in run)
-        assert all(k.kind in ("Node", "Conv", "Matmul", "eOp") for k in run)
+        assert all(k.kind in ("Node", "Conv", "Matmul", "eOp", "Alias") for k in run)
     compiled = CompiledProgram(marked)
     assert any(compiled.in_region)  # the sessions were built and checked
     # a call runs each region once, at its first kernel; the region's other kernels are skipped
@@ -159,11 +160,14 @@ def test_what_ends_a_run():
     x_name, (n, c, h, w) = conv.inputs[0], shapes[conv.inputs[0]]
     expr = ollie.parse(f"{x_name}: [{n}, {c}, {h}, {w}]\n"
                        f"L<n=0:{n}, c=0:{c}, h=0:{h}, w=0:{w}> {x_name}[n, c, h, w] * 2.0")
-    # a memory-bound eOperator is part of a run, a compute-bound one ends it
+    # a memory-bound eOperator is part of a run; a compute-bound one ends it when its sum
+    # is a product over its grid reduced (a ReduceSum)
     assert ort_region.exportable(Kernel("eOp", {"bound": "memory"}, (x_name,), "y", expr),
                                  prog.constants, shapes)
-    assert not ort_region.exportable(Kernel("eOp", {"bound": "compute"}, (x_name,), "y", expr),
-                                     prog.constants, shapes)
+    summed = ollie.parse(f"{x_name}: [{n}, {c}, {h}, {w}]\nL<n=0:{n}, c=0:{c}, h=0:{h}, "
+                         f"w=0:{w}> Sum<r=0:{c}> {x_name}[n, r, h, w] * {x_name}[n, c, h, w]")
+    assert not ort_region.exportable(Kernel("eOp", {"bound": "compute"}, (x_name,), "y",
+                                            summed), prog.constants, shapes)
     band = Kernel("G2BMM", {"b": 1, "m": 4, "w": 1, "k": 2, "d": 1}, ("q", "k"), "y",
                   ollie.parse("q: [1, 4, 2]\nk: [1, 4, 2]\n"
                               "L<b=0:1, i=0:4, j=0:3> Sum<p=0:2> q[b, i, p] * k[b, i + j - 1, p]"))
@@ -302,27 +306,54 @@ def test_regions_with_onednn_outside_only_when_a_convolution_is_outside():
     m, x = _net()
     prog = _optimized(m, x)
     assert variant(prog, REGIONS_ONEDNN) is None  # every convolution is in a region
-    # a compute-bound eOperator between the convolutions leaves the first alone (a run of one
-    # kernel)
+    # a compute-bound eOperator (a product summed: here a copy, times halves added up)
+    # between the convolutions leaves the first alone (a run of one kernel)
     first = next(i for i, k in enumerate(prog.kernels) if is_library_conv(k))
     k = prog.kernels[first]
     shape = k.output_shape
     dims = ", ".join(f"d{i}=0:{s}" for i, s in enumerate(shape))
     idx = ", ".join(f"d{i}" for i in range(len(shape)))
-    copy = Kernel("eOp", {"bound": "compute"}, (k.output,), k.output + "_copy", ollie.parse(
-        f"{k.output}: {list(shape)}\nL<{dims}> {k.output}[{idx}] * 1.0"))
+    copy = Kernel("eOp", {"bound": "compute"}, (k.output, "halves"), k.output + "_copy",
+                  ollie.parse(f"{k.output}: {list(shape)}\nhalves: [2]\n"
+                              f"L<{dims}> Sum<r=0:2> {k.output}[{idx}] * halves[r]"))
     rest = [kn if k.output not in kn.inputs else
             Kernel(kn.kind, kn.params, tuple(k.output + "_copy" if n == k.output else n
                                              for n in kn.inputs), kn.output, kn.expr,
                    kn.views, kn.shape) for kn in prog.kernels[first + 1:]]
     split = Program(prog.inputs, prog.outputs, [*prog.kernels[:first + 1], copy, *rest],
-                    prog.constants)
+                    {**prog.constants, "halves": np.full(2, 0.5, dtype=np.float32)})
     varied = variant(split, REGIONS_ONEDNN)
     assert varied is not None
     outside = [kn for kn in varied.kernels if is_library_conv(kn) and "region" not in kn.params]
     assert outside and all(kn.params["library"] == "oneDNN packed" for kn in outside)
     with torch.inference_mode():
         torch.testing.assert_close(CompiledProgram(varied)(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+class _Halves(nn.Module):
+    """A convolution's channels split in two (a view of each half), one half convolved
+    again, the halves concatenated: ShuffleNet's unit without the shuffle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.c1(x).chunk(2, dim=1)
+        return torch.cat([a, self.c2(b)], 1)
+
+
+def test_a_view_of_part_of_a_tensor_is_a_step_of_a_region():
+    torch.manual_seed(0)
+    m, x = _Halves().eval(), torch.randn(1, 3, 8, 8)  # one image: a half is contiguous
+    prog = _optimized(m, x)
+    assert any(k.kind == "Alias" for k in prog.kernels)
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and ort_region.groups(marked) == [(0, len(prog.kernels))]
+    compiled = CompiledProgram(marked)
+    assert compiled.whole is not None
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
 
 
 def test_a_regions_io_binding_follows_new_inputs_and_never_overwrites_kept_results():
@@ -335,7 +366,11 @@ def test_a_regions_io_binding_follows_new_inputs_and_never_overwrites_kept_resul
     from ollie.exec.buffers import BufferCache
 
     m, x = _net()
-    marked = ort_region.mark_regions(_optimized(m, x))
+    prog = _optimized(m, x)
+    # an intermediate result is also a program output: the region has two outputs
+    prog = Program(prog.inputs, (*prog.outputs, prog.kernels[1].output), prog.kernels,
+                   prog.constants)
+    marked = ort_region.mark_regions(prog)
     assert marked is not None
     a, b = ort_region.groups(marked)[0]
     constants = CompiledProgram(marked).constants
@@ -424,8 +459,11 @@ def test_a_program_that_is_one_region_is_called_straight_through_its_session():
     assert len(general) == 5
     with pytest.raises(ShapeError, match="input"):
         cp(torch.randn(1, *x.shape[1:]))
-    # a region that leaves kernels outside it is not the whole program
-    net = ort_region.mark_regions(_optimized(*_net()))
+    # a region that leaves kernels outside it (a softplus: not exportable) is not the whole
+    # program
+    m, x = _net()
+    m = nn.Sequential(*list(m)[:3], nn.Softplus(), *list(m)[3:]).eval()
+    net = ort_region.mark_regions(_optimized(m, x))
     assert net is not None and ort_region.groups(net) != [(0, len(net.kernels))]
     assert CompiledProgram(net).whole is None
 

@@ -92,7 +92,7 @@ class Builder:
         p = k.params
         if k.kind is KernelKind.CONV:
             return self._conv_kernel(k)
-        if k.kind in (KernelKind.EOP, KernelKind.MATMUL):
+        if k.kind in (KernelKind.EOP, KernelKind.MATMUL, KernelKind.ALIAS):
             return self._expr_kernel(k, original or k.inputs)
         assert isinstance(p, NodeParams)
         node = p.node

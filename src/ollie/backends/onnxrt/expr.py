@@ -14,7 +14,10 @@ fastest first:
 * ``Slice`` + ``Pad`` + ``Transpose`` + ``Reshape``, each only where needed, when each index
   is ``c*x + d`` (``c > 0``) with a different iterator per dimension (a whole tensor in order
   is a bare ``Reshape``: element-wise operands, biases). The slice takes the positions that
-  exist, the pad adds the zeros read outside ``T`` around them (strided layouts, shifts);
+  exist, the pad adds the zeros read outside ``T`` around them (strided layouts, shifts).
+  Indices that divide an iterator, take its remainder or add several iterators in one
+  dimension (``x[i0, i2 / 64, i1, i2 % 64]``, ``x[i0, 64*h + d]``) read the same way, with
+  ``Reshape`` splitting dimensions and iterators into digits (:mod:`ollie.backends.onnxrt.digits`);
 * otherwise ``Gather`` of the flattened tensor at constant positions computed here with
   numpy, followed by ``Where`` with a constant mask when some positions lie outside ``T``
   (they read 0, as in the reference semantics; the gathered position is clipped first so
@@ -111,7 +114,7 @@ class _Scope(ScopeReads):
         if combos is not None:
             value = self._unroll(combos)
         else:
-            value = self._const(self.value(self.scope.body))
+            value = self._joined() or self._const(self.value(self.scope.body))
             shape = self.b.shapes[value]
             check_size(math.prod(shape), "an eOperator grid")
             reduce = [a for a in range(nt, len(self.grid)) if shape[a] > 1]
@@ -137,19 +140,8 @@ class _Scope(ScopeReads):
         nested scope), as one ONNX ``Concat``; else None."""
         if self.scope.summation or any(it.lo != 0 for it in self.iters):
             return None
-        terms, stack = [], [self.scope.body]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, BinOp) and node.op == "+":
-                stack += [node.rhs, node.lhs]
-            elif isinstance(node, Access):
-                terms.append((None, node))
-            elif isinstance(node, Call) and node.fn in _ZERO_AT_ZERO and \
-                    len(node.args) == 1 and isinstance(node.args[0], Access):
-                terms.append((node.fn, node.args[0]))  # f(0) = 0: zero outside the tensor
-            else:
-                return None
-        if len(terms) < 2:
+        terms = self._terms()
+        if terms is None:
             return None
         axis, parts = None, []
         for fn, acc in terms:
@@ -182,6 +174,39 @@ class _Scope(ScopeReads):
             return None
         return out_node(self.b, "Concat", [src for _, _, src in parts],
                        self.scope.shape, "concat", axis=axis)
+
+    def _terms(self) -> list[tuple[str | None, Access]] | None:
+        """The terms ``(f, T[...])`` of a body ``A[...] + f(B[...]) + ...`` of at least two
+        reads, each under at most one unary ``f`` with ``f(0) = 0`` (a term is then zero
+        outside its tensor), else None."""
+        terms, stack = [], [self.scope.body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, BinOp) and node.op == "+":
+                stack += [node.rhs, node.lhs]
+            elif isinstance(node, Access):
+                terms.append((None, node))
+            elif isinstance(node, Call) and node.fn in _ZERO_AT_ZERO and \
+                    len(node.args) == 1 and isinstance(node.args[0], Access):
+                terms.append((node.fn, node.args[0]))
+            else:
+                return None
+        return terms if len(terms) >= 2 else None
+
+    def _joined(self) -> str | None:
+        """A sum of reads whose positions inside their tensors tile the grid along one
+        (split) dimension, as one ``Concat`` (:meth:`ScopeReads.joined`); else None."""
+        terms = None if self.scope.summation else self._terms()
+        if terms is None:
+            return None
+        parts = []
+        for fn, acc in terms:
+            plan = self.plan(acc, self.fixed)
+            if plan is None:
+                return None
+            parts.append((acc, plan, None if fn is None else _UNARY[fn]))
+        used = parts[0][1].digits
+        return self.joined(parts, tuple(n if a in used else 1 for a, n in enumerate(self.grid)))
 
     def _global_average(self) -> str | None:
         """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` over a 4-D grid (two traversal axes,
@@ -230,11 +255,11 @@ class _Scope(ScopeReads):
         if not summed or math.prod(it.size for it in summed) > UNROLL:
             return None
         reads = list(accesses(self.scope.body))
-        if all(self.pattern(acc.indices, self.fixed) is not None for acc in reads):
+        if all(self.plan(acc, self.fixed) is not None for acc in reads):
             return None
         combos = [dict(zip((it.name for it in summed), values, strict=True))
                   for values in itertools.product(*(range(it.lo, it.hi) for it in summed))]
-        if any(self.pattern(acc.indices, {**self.fixed, **c}) is None
+        if any(self.plan(acc, {**self.fixed, **c}) is None
                for acc in reads for c in combos):
             return None
         return combos

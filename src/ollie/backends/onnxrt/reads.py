@@ -1,8 +1,9 @@
 """Reads of a tensor over a scope's grid as ONNX nodes (:class:`ScopeReads`, the read half of
 the scope emitter of :mod:`ollie.backends.onnxrt.expr`): a strided read as ``Slice`` + ``Pad``
-+ ``Transpose`` + ``Reshape`` where each index is ``c*x + d`` with its own iterator
-(:meth:`ScopeReads.pattern`), else a ``Gather`` at constant positions and a ``Where`` for the
-positions outside the tensor (they read 0)."""
++ ``Transpose`` + ``Reshape`` where each index is ``c*x + d`` with its own iterator, or becomes
+so once dimensions and iterators are split into digits (:meth:`ScopeReads.plan`), else a
+``Gather`` at constant positions and a ``Where`` for the positions outside the tensor (they
+read 0)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ollie.backends.onnxrt.digits import ReadPlan, plan_read
 from ollie.backends.onnxrt.views import Emitter, check_size, int_array, out_node
 from ollie.errors import UnsupportedError
 from ollie.ir import Access, Iter, Scope
-from ollie.ir.index import Affine, Var
 
 
 class ScopeReads:
@@ -43,16 +44,8 @@ class ScopeReads:
 
     def read(self, acc: Access) -> str:
         """``acc`` over the grid, broadcast over the axes its indices do not use."""
-        if isinstance(acc.source, Scope):
-            src = self.nested.get(acc.source)
-            if src is None:
-                src = self.nested[acc.source] = type(self)(self.b, acc.source, self.sources,
-                                                           self.nested).emit()
-            offsets = [it.lo for it in acc.source.traversal]
-        else:
-            src = self.sources[acc.source]
-            offsets = [0] * len(self.b.shapes[src])
-        dims = self.b.shapes[src]
+        src = self.source_value(acc)
+        dims, offsets = self.source(acc)
         if len(dims) != len(acc.indices):
             raise UnsupportedError(f"a read of {len(acc.indices)} indices from a tensor of "
                                    f"rank {len(dims)}")
@@ -60,9 +53,9 @@ class ScopeReads:
         used = sorted({self.axis[v] for q in acc.indices for v in q.vars() if v not in fixed})
         sub = tuple(self.grid[a] if a in used else 1 for a in range(len(self.grid)))
         check_size(math.prod(sub), "a read")
-        pattern = self.pattern(acc.indices, fixed)
-        if pattern is not None:
-            return self.strided(src, pattern, offsets, sub)
+        plan = self.plan(acc, fixed)
+        if plan is not None:
+            return self.strided(src, plan, sub)
         env: dict[str, object] = dict(fixed)
         for a in used:
             it = self.iters[a]
@@ -86,54 +79,94 @@ class ScopeReads:
                         sub, "pad")
         return y
 
-    def pattern(self, indices: Sequence[Affine], fixed: Mapping[str, int]
-                 ) -> list[tuple[int, int, int | None]] | None:
-        """Per dimension ``(c, d, axis)`` when each index is ``c*x + d`` (``c > 0``, a
-        different iterator ``x`` on grid axis ``axis`` per dimension) or a constant ``d``
-        (``c = 0``, no axis), with the iterators of ``fixed`` replaced by their values; else
-        None."""
-        out: list[tuple[int, int, int | None]] = []
-        seen: set[str] = set()
-        for q in indices:
-            q = q.subst(fixed) if fixed and q.vars() & fixed.keys() else q
-            if not q.is_linear or len(q.terms) > 1:
-                return None
-            if not q.terms:
-                out.append((0, q.const, None))
-                continue
-            atom, c = q.terms[0]
-            assert isinstance(atom, Var)
-            if c <= 0 or atom.name in seen:
-                return None
-            seen.add(atom.name)
-            out.append((c, q.const, self.axis[atom.name]))
-        return out
+    def source_value(self, acc: Access) -> str:
+        """The ONNX value ``acc`` reads: an input, or a nested scope emitted once."""
+        if not isinstance(acc.source, Scope):
+            return self.sources[acc.source]
+        src = self.nested.get(acc.source)
+        if src is None:
+            src = self.nested[acc.source] = type(self)(self.b, acc.source, self.sources,
+                                                       self.nested).emit()
+        return src
 
-    def strided(self, src: str, pattern: Sequence[tuple[int, int, int | None]],
-                 offsets: Sequence[int], sub: tuple[int, ...]) -> str:
-        """``Slice`` + ``Pad`` (zeros, when the read reaches outside the tensor) +
-        ``Transpose`` + ``Reshape``: the reads of a :meth:`pattern`, or the tensor itself
-        (reshaped) when the read is the whole tensor in order."""
-        dims = self.b.shapes[src]
-        starts, steps, lengths = [], [], []
-        for (c, d, axis), off in zip(pattern, offsets, strict=True):
-            if axis is None:
-                starts.append(d - off)
-                steps.append(1)
-                lengths.append(1)
-            else:
-                it = self.iters[axis]
-                starts.append(d + c * it.lo - off)
-                steps.append(c)
-                lengths.append(it.size)
+    def source(self, acc: Access) -> tuple[tuple[int, ...], list[int]]:
+        """The shape of what ``acc`` reads and the position of its first element: a nested
+        scope starts at the ``lo`` of its traversal iterators."""
+        if isinstance(acc.source, Scope):
+            return acc.source.shape, [it.lo for it in acc.source.traversal]
+        dims = self.b.shapes[self.sources[acc.source]]
+        return dims, [0] * len(dims)
+
+    def plan(self, acc: Access, fixed: Mapping[str, int]) -> ReadPlan | None:
+        """The strided plan of ``acc`` (:func:`ollie.backends.onnxrt.digits.plan_read`) with
+        the iterators of ``fixed`` replaced by their values, or None (a ``Gather``)."""
+        dims, offsets = self.source(acc)
+        if len(dims) != len(acc.indices):
+            return None
+        return plan_read(acc.indices, dims, offsets, self.iters, self.axis, fixed)
+
+    def strided(self, src: str, plan: ReadPlan, sub: tuple[int, ...]) -> str:
+        """``Reshape`` (split dimensions) + ``Slice`` + ``Pad`` (zeros, when the read reaches
+        outside the tensor) + ``Transpose`` + ``Reshape`` + ``Expand`` (over the digits the
+        read does not use): the reads of a :class:`ReadPlan`, or the tensor itself (reshaped)
+        when the read is the whole tensor in order."""
+        y = self._cut(src, plan)
+        return self._scalar(0.0) if y is None else self._arrange(y, plan, sub)
+
+    def joined(self, parts: Sequence[tuple[Access, ReadPlan, str | None]],
+               sub: tuple[int, ...]) -> str | None:
+        """A sum of reads ``(access, plan, ONNX unary operator or None)`` whose plans differ
+        only in the offset of one dimension, along which the positions inside each source
+        tile the read end to end (elsewhere each reads zeros: ShuffleNet's channel shuffle of
+        two halves), as one ``Concat`` of the parts inside, then one ``Transpose`` +
+        ``Reshape``; else None (and nothing emitted)."""
+        base = parts[0][1]
+        if any(len(p.dims) != len(base.dims) or p.digits != base.digits for _, p, _ in parts):
+            return None
+        axes = {j for _, p, _ in parts[1:]
+                for j, (e, f) in enumerate(zip(p.dims, base.dims, strict=True)) if e != f}
+        if len(axes) != 1:
+            return None
+        (j,) = axes
+        g = base.dims[j][2]
+        if g is None or any(p.dims[j][0] != 1 or p.dims[j][2] != g for _, p, _ in parts):
+            return None
+        windows = []
+        for acc, plan, fn in parts:
+            pos = _positions(plan, plan.shape)
+            if pos is not None:
+                windows.append((pos[3][j], pos[4][j], acc, plan, fn))
+        windows.sort(key=lambda t: t[0])
+        edge = 0
+        for a, b, *_ in windows:
+            if a != edge:
+                return None  # a gap or an overlap
+            edge = b
+        if edge != g.size or len(windows) < 2:
+            return None
+        pieces = []
+        for _, _, acc, plan, fn in windows:
+            y = self._cut(self.source_value(acc), plan, whole=j)
+            assert y is not None
+            pieces.append(y if fn is None else out_node(self.b, fn, [y], self.b.shapes[y],
+                                                         "unary"))
+        shape = list(self.b.shapes[pieces[0]])
+        shape[j] = edge
+        y = out_node(self.b, "Concat", pieces, tuple(shape), "join", axis=j)
+        return self._arrange(y, base, sub)
+
+    def _cut(self, src: str, plan: ReadPlan, whole: int | None = None) -> str | None:
+        """The positions of ``plan`` inside ``src`` (``Reshape``, ``Slice``), zeros around them
+        (``Pad``), in the source's dimension order; None when none is inside. ``whole``: a
+        dimension not padded (it holds only the positions inside)."""
+        dims = plan.shape
+        pos = _positions(plan, dims)
+        if pos is None:
+            return None
+        starts, steps, lengths, first, last = pos
+        y = self.b.reshape(src, dims) if dims != self.b.shapes[src] else src
         # the positions inside the tensor: a slice, then zeros around it (a pad of the read,
         # not of the tensor: an OffsetAdd term reading a small tensor over a large grid)
-        first = [-(s // st) if s < 0 else 0 for s, st in zip(starts, steps, strict=True)]
-        last = [min(n, (dim - 1 - s) // st + 1) if dim - 1 - s >= 0 else 0
-                for s, st, n, dim in zip(starts, steps, lengths, dims, strict=True)]
-        if any(b <= a for a, b in zip(first, last, strict=True)):
-            return self._scalar(0.0)  # nothing inside: zeros
-        y = src
         begin = [s + st * a for s, st, a in zip(starts, steps, first, strict=True)]
         inside = [b - a for a, b in zip(first, last, strict=True)]
         if any(b != 0 or st != 1 or n != dim
@@ -145,17 +178,55 @@ class ScopeReads:
                                           self.b.const("axes", int_array(range(len(dims)))),
                                           self.b.const("steps", int_array(steps))],
                         tuple(inside), "slice")
-        after = [n - b for n, b in zip(lengths, last, strict=True)]
-        if any(first) or any(after):
-            y = out_node(self.b, "Pad", [y, self.b.const("pads", int_array(first + after))],
-                        tuple(lengths), "pad", mode="constant")
-        moving = [d for d, (_, _, axis) in enumerate(pattern) if axis is not None]
-        order = sorted(moving, key=lambda d: pattern[d][2])  # type: ignore[arg-type,return-value]
+        before = [0 if d == whole else a for d, a in enumerate(first)]
+        after = [0 if d == whole else n - b
+                 for d, (n, b) in enumerate(zip(lengths, last, strict=True))]
+        if any(before) or any(after):
+            shape = tuple(inside[d] if d == whole else n for d, n in enumerate(lengths))
+            y = out_node(self.b, "Pad", [y, self.b.const("pads", int_array(before + after))],
+                        shape, "pad", mode="constant")
+        return y
+
+    def _arrange(self, y: str, plan: ReadPlan, sub: tuple[int, ...]) -> str:
+        """``y`` (the read in the source's dimension order, :meth:`_cut`) in grid order:
+        ``Transpose`` + ``Reshape`` + ``Expand`` over the digits the read does not use."""
+        lengths = self.b.shapes[y]
+        # the dimensions of more than one position, in grid order: a transpose of only
+        # those (ONNX Runtime copies whole blocks when the innermost dimensions stay in place;
+        # a size-1 dimension moved last would make it copy element by element)
+        moving = [d for d, (_, _, g) in enumerate(plan.dims) if g is not None and lengths[d] > 1]
+        order = sorted(moving, key=lambda d: plan.dims[d][2].order)  # type: ignore[union-attr]
         if order != moving:
-            perm = order + [d for d in range(len(dims)) if pattern[d][2] is None]
-            y = out_node(self.b, "Transpose", [y], tuple(self.b.shapes[y][d] for d in perm),
-                        "transpose", perm=perm)
+            y = self.b.reshape(y, tuple(lengths[d] for d in moving))
+            y = out_node(self.b, "Transpose", [y], tuple(lengths[d] for d in order),
+                        "transpose", perm=[moving.index(d) for d in order])
+        read = {g for _, _, g in plan.dims if g is not None}
+        digits = [g for a in sorted(plan.digits) for g in plan.digits[a]]
+        narrow = tuple(g.size if g in read else 1 for g in digits)
+        if any(g not in read for g in digits):
+            full = tuple(g.size for g in digits)
+            y = out_node(self.b, "Expand", [self.b.reshape(y, narrow),
+                                           self.b.const("sizes", int_array(full))],
+                        full, "expand")
         return self.b.reshape(y, sub)
+
+
+def _positions(plan: ReadPlan, dims: Sequence[int]
+               ) -> tuple[list[int], list[int], list[int], list[int], list[int]] | None:
+    """Per dimension of ``plan`` over a source reshaped to ``dims``: the first position read,
+    the step, the number of positions, and the window ``[first, last)`` of those inside the
+    source; None when some dimension has none inside."""
+    starts, steps, lengths = [], [], []
+    for c, d, g in plan.dims:
+        starts.append(d if g is None else d + c * g.lo)
+        steps.append(1 if g is None else c)
+        lengths.append(1 if g is None else g.size)
+    first = [-(s // st) if s < 0 else 0 for s, st in zip(starts, steps, strict=True)]
+    last = [min(n, (dim - 1 - s) // st + 1) if dim - 1 - s >= 0 else 0
+            for s, st, n, dim in zip(starts, steps, lengths, dims, strict=True)]
+    if any(b <= a for a, b in zip(first, last, strict=True)):
+        return None
+    return starts, steps, lengths, first, last
 
 
 __all__ = ["ScopeReads"]

@@ -111,7 +111,7 @@ def exportable(k: Kernel, constants: Mapping[str, object],
             return len(ins) == 2
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op in ("Flatten", "Softmax") and not act)
-    if k.kind in (KernelKind.EOP, KernelKind.MATMUL):
+    if k.kind in (KernelKind.EOP, KernelKind.MATMUL, KernelKind.ALIAS):
         return _expressible(k, constants, shapes)
     if isinstance(p, ConvParams):
         biases = int(p.bias or 0)
@@ -150,8 +150,8 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
     :data:`ollie.backends.onnxrt.views.MAX_ELEMENTS` (the emission itself may still reject the
     kernel, and then the region is not built). A compute-bound eOperator (its ``bound``
     parameter, :mod:`ollie.match.eop`) stays Ollie's generated loop nest: as ONNX it would be
-    an element-wise product over its whole grid followed by a ``ReduceSum``; unless it is a
-    selective add emitted as a ``Col2Im`` (:func:`_cheap`)."""
+    an element-wise product over its whole grid followed by a ``ReduceSum``; unless its sum
+    is a ``Col2Im`` or a ``GlobalAveragePool`` (:func:`_cheap`)."""
     from ollie.backends.onnxrt.views import MAX_ELEMENTS, view_gathers
     from ollie.ir.nodes import nested_scopes
 
@@ -194,16 +194,17 @@ def _cheap(expr: Expr, compute: bool = False) -> bool:
     """Whether ``expr`` becomes ONNX operators without a ``Gather`` (a scatter-like selective
     add would gather its whole iteration grid: slower in ONNX Runtime than the generated
     kernel, measured on GCN). ``compute``: an eOperator classed compute-bound, accepted only
-    when its sum is a ``Col2Im`` and no ``ReduceSum`` over a grid (a derived transposed
+    when its sum needs no ``ReduceSum`` over a grid: a ``Col2Im`` (a derived transposed
     convolution's selective add, whose unmerged grid counts as many additions as a product:
-    DCGAN's last layer)."""
+    DCGAN's last layer) or a ``GlobalAveragePool`` (DenseNet's last batch norm, ReLU and
+    pooling over its concatenated features)."""
     from ollie.errors import UnsupportedError
 
     try:
         ops = emitted_ops(expr)
     except UnsupportedError:
         return False
-    if compute and ("Col2Im" not in ops or "ReduceSum" in ops):
+    if compute and "ReduceSum" in ops:
         return False
     return "Gather" not in ops
 
