@@ -114,6 +114,11 @@ class Settings:
     optimizer's total budget answers False once it is spent
     (:meth:`ollie.optimizer.budget.Budget.may_choose`).
 
+    ``recall_programs``: ``ollie.optimize`` with its cache on returns the program an earlier
+    run made for the same model and settings, checked again (:mod:`ollie.optimizer.recall`);
+    off, a warm run assembles its program from the cost cache's decisions (what tests of
+    those decisions need).
+
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
     :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
@@ -134,6 +139,7 @@ class Settings:
     defer_full_collections: bool = True
     implementations: Implementations = ALL
     new_choices: Callable[[], bool] = _always
+    recall_programs: bool = True
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
     choice_store: ChoiceStore | None = field(default=None, compare=False, repr=False)
 

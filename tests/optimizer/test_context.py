@@ -230,7 +230,7 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path, ollie_set
     """``optimize`` switches rewrites in the program: the report of a subprogram switched off
     records its rewrite as not kept, the program runs exactly, and a second optimisation with
     the cache applies the choice without timing."""
-    ollie_settings(cache_dir=tmp_path)
+    ollie_settings(cache_dir=tmp_path, recall_programs=False)  # the decisions' path
     torch.manual_seed(3)
     # InfoGAN's first two layers: the first as a Matmul ran 2.2x faster alone (2-core VM)
     m = nn.Sequential(nn.ConvTranspose2d(228, 448, 2, bias=False), nn.ReLU(),
@@ -284,7 +284,7 @@ def test_an_alternative_switched_on_runs_and_is_reported(monkeypatch, tmp_path,
     for the whole program; the cached choice is applied again."""
     from ollie.optimizer import select
 
-    ollie_settings(cache_dir=tmp_path)
+    ollie_settings(cache_dir=tmp_path, recall_programs=False)  # the decisions' path
     _search_without_deadline(ollie_settings)
     alternatives = select.Selection.alternatives
     monkeypatch.setattr(select.Selection, "alternatives",

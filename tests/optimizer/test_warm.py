@@ -6,6 +6,8 @@ choice read from the cache checked on random inputs before it is used
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -13,6 +15,7 @@ from torch import nn
 import ollie
 from ollie.exec.executor import CompiledProgram
 from ollie.libs import onednn
+from ollie.optimizer import recall
 from ollie.optimizer.final import Reference, agrees
 from ollie.optimizer.report import OptimizedModel
 from ollie.settings import using
@@ -42,13 +45,15 @@ def test_a_warm_optimisation_measures_no_choice_made_by_an_earlier_process(
         return real(impls, args, rounds)
 
     monkeypatch.setattr(choice, "probe", counting)
-    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None)
+    # a quiet machine whatever else runs: a choice measured under load is not stored
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
     cold = ollie.optimize(m, (x,), **FAST)
     assert probes, "the cold optimisation measured its convolutions' implementations"
     stored = CostCache(tmp_path / "costs.sqlite").db.execute(
         "SELECT count(*) FROM decisions WHERE key LIKE 'choice|%'").fetchone()[0]
     assert stored >= 1
     probes.clear()
+    shutil.rmtree(tmp_path / recall.FOLDER)  # the program is made again, from the decisions
     with using(choices={}):  # what a new process has: an empty table
         warm = ollie.optimize(m, (x,), **FAST)
     assert probes == []

@@ -131,7 +131,7 @@ def test_a_pickle_planted_in_a_cached_decision_never_runs(tmp_path, ollie_settin
 
 
 def test_a_cached_decision_that_does_not_fit_is_searched_again(tmp_path, ollie_settings, caplog):
-    ollie_settings(cache_dir=tmp_path / "cache")
+    ollie_settings(cache_dir=tmp_path / "cache", recall_programs=False)  # the decisions' path
     m, x = _model()
     ollie.optimize(m, (x,), **FAST)
     db = sqlite3.connect(tmp_path / "cache" / "costs.sqlite")

@@ -49,6 +49,7 @@ from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
 from ollie.optimizer.plausible import original_seconds, plausible
+from ollie.optimizer.recall import remembered
 from ollie.optimizer.region import MergeOutcome, Part
 from ollie.optimizer.regions import RegionOutcome
 from ollie.optimizer.rename import canonical_names, rename_kernels
@@ -429,7 +430,8 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
                choice_store=choice_store(cfg.use_cache, cfg.device)):
         with budget.phase("import"):
             graph = to_graph(model, example_inputs)
-        return _optimize_graph(graph, cfg, progress, example_inputs, budget, t0)
+        return remembered(graph, cfg, example_inputs, lambda: _optimize_graph(
+            graph, cfg, progress, example_inputs, budget, t0))
 
 
 def _optimize_graph(graph: Graph, cfg: OptimizeConfig,

@@ -136,8 +136,7 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
     executed (:meth:`ollie.program.program.Program.load`). A malformed report is ignored with a
     warning (the program does not depend on it); fields of the report this version does not
     know are skipped."""
-    prog = Program.load(path)
-    report, notes = _read_report(Path(path) / "report.json")
+    prog, report, notes = read_saved(path)
     unpinned = unpinned_kernels(prog)
     if torch.device(device).type == "cuda" and unpinned:
         # optimised on the CPU, or saved before launch configurations were kept
@@ -155,6 +154,15 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
     except Exception as exc:  # a well-formed program whose kernels cannot be built here
         raise OllieError(f"{path}: the saved program cannot be built "
                          f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+
+
+def read_saved(path: str | Path) -> tuple[Program, list[SubprogramReport], list[str]]:
+    """The program (:meth:`ollie.program.program.Program.load`: validated, nothing executed),
+    report and notes :meth:`OptimizedModel.save` wrote into folder ``path``; a malformed
+    report is read as none (a warning)."""
+    prog = Program.load(path)
+    report, notes = _read_report(Path(path) / "report.json")
+    return prog, report, notes
 
 
 REPORT_FIELDS = {f.name: f for f in fields(SubprogramReport)}
@@ -280,4 +288,4 @@ def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, Alter
 
 
 __all__ = ["Alternative", "OptimizedModel", "SubprogramReport", "kept_originals", "load",
-           "switched_on", "tally", "unpinned_kernels"]
+           "read_saved", "switched_on", "tally", "unpinned_kernels"]

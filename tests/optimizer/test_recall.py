@@ -1,0 +1,130 @@
+"""The whole-model result cache (:mod:`ollie.optimizer.recall`): a second optimisation of the
+same model with the same settings returns the first one's program, checked again, without
+optimising; another weight or setting is another entry; an entry that disagrees with the model
+or is malformed is removed; the least recently used entries go."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torch import nn
+
+import ollie
+from ollie.optimizer import model as optimizer_model
+from ollie.optimizer import recall
+from ollie.optimizer.config import OptimizeConfig
+from ollie.optimizer.final import program_digest
+from ollie.optimizer.importing import to_graph
+from ollie.program.program import Program
+
+FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,
+            total_budget=None)
+
+
+def _model(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1),
+                      nn.Sigmoid()).eval()
+    return m, torch.randn(1, 4, 10, 10)
+
+
+def _entries(root) -> list[str]:
+    folder = root / recall.FOLDER
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def _no_optimising(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("the model was optimised again")
+
+    monkeypatch.setattr(optimizer_model, "_optimize_graph", fail)
+
+
+def test_a_second_run_returns_the_first_runs_program_checked_without_optimising(
+        ollie_settings, tmp_path, monkeypatch):
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    cold = ollie.optimize(m, (x,), **FAST)
+    assert len(_entries(tmp_path)) == 1
+    _no_optimising(monkeypatch)
+    warm = ollie.optimize(m, (x,), **FAST)
+    assert program_digest(warm.program) == program_digest(cold.program)
+    assert [(r.node, r.chosen) for r in warm.report] == [(r.node, r.chosen) for r in cold.report]
+    assert "from the cache" in warm.notes[-1] and warm.notes[:-1] == cold.notes
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_another_weight_or_setting_is_another_entry(ollie_settings, tmp_path):
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    cfg = OptimizeConfig(**FAST)
+    graph = to_graph(m, (x,))
+    key = recall.model_key(graph, cfg)
+    assert recall.model_key(to_graph(m, (x,)), cfg) == key  # the same model imported again
+    assert recall.model_key(graph, replace(cfg, time_budget=6.0)) != key
+    assert recall.model_key(graph, replace(cfg, kernel_library=False)) != key
+    with torch.no_grad():
+        m[2].weight[0, 0, 0, 0] += 1e-3
+    assert recall.model_key(to_graph(m, (x,)), cfg) != key
+    assert recall.model_key(to_graph(m, (torch.randn(2, 4, 10, 10),)), cfg) != key
+
+
+def test_an_entry_that_disagrees_with_the_model_is_removed_and_the_model_optimised_again(
+        ollie_settings, tmp_path, caplog):
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    cold = ollie.optimize(m, (x,), **FAST)
+    (key,) = _entries(tmp_path)
+    entry = tmp_path / recall.FOLDER / key
+    prog = Program.load(entry)
+    name = max(prog.constants, key=lambda n: np.asarray(prog.constants[n]).size)
+    constants = {**prog.constants, name: np.asarray(prog.constants[name]) * 2}
+    Program(prog.inputs, prog.outputs, prog.kernels, constants).save(entry)  # tampered
+    with caplog.at_level(logging.WARNING):
+        again = ollie.optimize(m, (x,), **FAST)
+    assert "the cached program disagrees with the model" in caplog.text
+    assert not any("from the cache" in n for n in again.notes)
+    assert program_digest(again.program) == program_digest(cold.program)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), m(x), rtol=1e-4, atol=1e-5)
+    # the entry was replaced by the program made again
+    restored = Program.load(entry)
+    assert np.array_equal(np.asarray(restored.constants[name]),
+                          np.asarray(cold.program.constants[name]))
+
+
+def test_a_malformed_entry_is_removed_and_a_disabled_cache_keeps_nothing(
+        ollie_settings, tmp_path, caplog):
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    key = recall.model_key(to_graph(m, (x,)), OptimizeConfig(**FAST))
+    entry = tmp_path / recall.FOLDER / key
+    entry.mkdir(parents=True)
+    (entry / "program.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        assert recall.recall(key) is None
+    assert "not used" in caplog.text and not entry.exists()
+    ollie.optimize(m, (x,), **{**FAST, "use_cache": False})
+    assert _entries(tmp_path) == []
+
+
+def test_the_least_recently_used_entries_go(ollie_settings, tmp_path, monkeypatch):
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    made = ollie.optimize(m, (x,), **{**FAST, "use_cache": False})
+    monkeypatch.setattr(recall, "MAX_ENTRIES", 2)
+    for i, key in enumerate(("a" * 40, "b" * 40, "c" * 40)):
+        recall.store(key, made)
+        os.utime(tmp_path / recall.FOLDER / key, (1000.0 + i, 1000.0 + i))
+    assert _entries(tmp_path) == ["b" * 40, "c" * 40]
+    assert recall.recall("b" * 40) is not None  # used now: the most recent
+    recall.store("d" * 40, made)
+    assert _entries(tmp_path) == ["b" * 40, "d" * 40]
+    monkeypatch.setattr(recall, "MAX_BYTES", 1)  # the newest entry stays, whatever its size
+    recall.store("e" * 40, made)
+    assert _entries(tmp_path) == ["e" * 40]
