@@ -71,6 +71,39 @@ def test_switches_that_help_in_the_program_are_kept_together(monkeypatch, ollie_
     assert out.program.kernels[0].params["test_on"] == ["fast", "neutral"]
 
 
+def test_a_step_stopped_by_the_budget_keeps_the_start_and_is_not_cached(
+        monkeypatch, ollie_settings, tmp_path):
+    """The total budget runs out while the variants are built (here after two checks: the
+    step's ``stop``): none is timed, the start is returned marked incomplete, and
+    ``cached_refine`` keeps no decision for the next run."""
+    from ollie.optimizer.context import cached_refine
+    from ollie.optimizer.final import Reference
+    from ollie.tune.cache import CostCache
+
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
+    checks = []
+    real_run = CompiledProgram.run
+    monkeypatch.setattr(CompiledProgram, "run",
+                        lambda self, inputs: checks.append(1) or real_run(self, inputs))
+    start = frozenset({"slow", "neutral"})
+    out = refine(assemble, _groups("slow", "fast", "neutral"), start, "per operator", feeds,
+                 want, 1e-3, stop=lambda: len(checks) >= 2)
+    assert out is not None and out.on == start and not out.complete
+    assert "stopped at the time budget after building 1 of 3" in out.note
+    cache = CostCache(tmp_path / "costs.sqlite")
+    checks.clear()
+    out = cached_refine(assemble, _groups("slow", "fast", "neutral"), start, "per operator",
+                        Reference(feeds, want, 1e-3), cache, "cpu", 0.0,
+                        stop=lambda: len(checks) >= 2)
+    assert out is not None and not out.complete
+    assert cache.db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 0
+    # with the budget left, the same step times every switch and keeps its choice
+    out = cached_refine(assemble, _groups("slow", "fast", "neutral"), start, "per operator",
+                        Reference(feeds, want, 1e-3), cache, "cpu", 0.0)
+    assert out is not None and out.complete and out.on == frozenset({"fast", "neutral"})
+    assert cache.db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 1
+
+
 @pytest.mark.timing
 def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch, ollie_settings):
     assemble, feeds, want = _setup(monkeypatch, ollie_settings)
@@ -240,7 +273,8 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path, ollie_set
         want = m(x)
     seen = {}
 
-    def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None, settle=0.0):
+    def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None, settle=0.0,
+                stop=None):
         seen["groups"] = groups
         seen["decided"] = decided
         prog = context.variant(context.postprocess(assemble(frozenset())), library)
@@ -300,7 +334,7 @@ def test_an_alternative_switched_on_runs_and_is_reported(monkeypatch, tmp_path,
     seen = {}
 
     def all_alternatives_on(assemble, groups, start, library, feeds, want, rtol,
-                            decided=None, settle=0.0):
+                            decided=None, settle=0.0, stop=None):
         seen["decided"] = decided
         on = frozenset(g.key for g in groups if g.alternative)
         seen["on"] = on

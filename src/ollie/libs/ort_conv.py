@@ -37,14 +37,14 @@ def session(graph: object, spinning: bool = False) -> object:
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
-    onnx.checker.check_model(model)
+    data = model.SerializeToString()  # once: a region's weights make it hundreds of MB
+    onnx.checker.check_model(data)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -96,20 +96,24 @@ class Refined:
     on: frozenset[str]
     program: Program
     note: str
+    complete: bool = True
+    """False when ``stop`` ended the step before every switch was timed (not cached)."""
 
 
 def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
            start: frozenset[str], library: str, feeds: Mapping[str, torch.Tensor],
            want: Mapping[str, torch.Tensor], rtol: float,
-           decided: frozenset[str] | None = None, settle: float = SETTLE_SECONDS
-           ) -> Refined | None:
+           decided: frozenset[str] | None = None, settle: float = SETTLE_SECONDS,
+           stop: Callable[[], bool] | None = None) -> Refined | None:
     """Switch the rewrites of ``groups`` in the program ``assemble(on)`` (the raw program with
     the rewrites of the groups in ``on`` and the original operators elsewhere), starting from
     ``start``; every variant is post-processed and run under ``library`` (a decision of
     :func:`~ollie.optimizer.libraries.choose_libraries`). ``decided``: a choice made before
     (e.g. from the cost cache), checked and applied without timing. ``settle``: seconds idle
-    before the samples around a variant whose ONNX Runtime session spins (0: none). None when
-    there is nothing to switch or no variant ran."""
+    before the samples around a variant whose ONNX Runtime session spins (0: none). ``stop``
+    (the total budget spent): once it answers True before every variant is built, none is
+    timed and ``start`` is returned, marked incomplete. None when there is nothing to switch
+    or no variant ran."""
     from ollie.exec.dispatch import precompile_programs
     from ollie.exec.executor import CompiledProgram
 
@@ -177,8 +181,22 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     if runner(start) is None:
         return None
     current = start
+    stopped = stop or (lambda: False)
     singles = [current ^ {g.key} for g in groups]
-    precompile(singles)
+    if not stopped():
+        precompile(singles)
+    built_singles, cut = [], False
+    for on in singles:  # each variant built (a session, its check) while the budget lasts
+        if stopped():
+            cut = True
+            break
+        if runner(on) is not None:
+            built_singles.append(on)
+    if cut:
+        return Refined(current, programs[current], "program context: as chosen (stopped at "
+                       f"the time budget after building {len(built_singles)} of {len(singles)} "
+                       "variants; none timed)", complete=False)
+    singles = built_singles
     times = _time([current, *singles], runner, spinning, settle=settle)
     if current not in times:
         return None
@@ -231,10 +249,12 @@ def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
 def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
                   start: frozenset[str], library: str, ref: Reference,
                   cache: CostCache | None, device: str, settle: float = SETTLE_SECONDS,
-                  timed: bool = True) -> Refined | None:
+                  timed: bool = True, stop: Callable[[], bool] | None = None
+                  ) -> Refined | None:
     """:func:`refine` on the reference ``ref``, its choice kept in ``cache`` under the digests
-    of the programs with all rewrites and with none. ``timed`` off (the total time budget is
-    spent): only a cached choice is applied; None without one."""
+    of the programs with all rewrites and with none (unless ``stop`` ended it early).
+    ``timed`` off (the total time budget is spent): only a cached choice is applied; None
+    without one."""
     key = decided = None
     if cache is not None:
         digests = "+".join(program_digest(postprocess(assemble(on)))
@@ -245,9 +265,9 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
     if decided is None and not timed:
         return None
     refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided,
-                     settle)
-    if refined is not None and cache is not None and key is not None and \
-            refined.on != decided:
+                     settle, stop)
+    if refined is not None and refined.complete and cache is not None and key is not None \
+            and refined.on != decided:
         cache.put_decision(key, json.dumps(sorted(refined.on)))
     return refined
 

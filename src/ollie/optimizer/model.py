@@ -469,7 +469,7 @@ def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
         try:
             with budget.phase("context"):
                 refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                        cfg.device, cfg.settle, timed=timed)
+                                        cfg.device, cfg.settle, timed, budget.spent)
         except Exception as exc:  # optional: the checked program stays
             notes.append(f"program context step skipped: {cause(exc)}")
             log.warning("program context step skipped: %s", cause(exc))
