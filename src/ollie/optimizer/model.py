@@ -431,7 +431,7 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
         with budget.phase("import"):
             graph = to_graph(model, example_inputs)
         return remembered(graph, cfg, example_inputs, lambda: _optimize_graph(
-            graph, cfg, progress, example_inputs, budget, t0))
+            graph, cfg, progress, example_inputs, budget, t0), t0)
 
 
 def _optimize_graph(graph: Graph, cfg: OptimizeConfig,

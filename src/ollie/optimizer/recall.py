@@ -109,8 +109,9 @@ def _feed(h: Any, value: object) -> None:
 
 def remembered(graph: Graph, cfg: OptimizeConfig,
                examples: Sequence[object] | torch.Tensor | None,
-               make: Callable[[], OptimizedModel]) -> OptimizedModel:
-    """The program stored for ``graph`` and ``cfg`` (:func:`recalled`) when ``cfg.use_cache``
+               make: Callable[[], OptimizedModel], t0: float | None = None) -> OptimizedModel:
+    """The program stored for ``graph`` and ``cfg`` (:func:`recalled`; ``t0``: when this run
+    started, for its note) when ``cfg.use_cache``
     (and the settings' :attr:`~ollie.settings.Settings.recall_programs`) and it passes its
     check; else ``make()``, stored for the next run unless some decision of it was not cached
     (a note says ``not cached``: measured on a busy machine and not confirmed), so that the
@@ -120,6 +121,8 @@ def remembered(graph: Graph, cfg: OptimizeConfig,
     key = model_key(graph, cfg)
     hit = recalled(graph, cfg, key, examples)
     if hit is not None:
+        if t0 is not None:
+            hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
         return hit
     result = make()
     if not any("not cached" in n for n in result.notes):
@@ -143,9 +146,11 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
             confirm(prog, ref, cfg, "the cached", failed) is None:
         forget(key)
         return None
-    notes = [*notes, f"the program an earlier run made for this model with these settings "
-             f"(from the cache, {key[:12]}; the notes above are that run's), checked again on "
-             f"random and example inputs in {time.perf_counter() - t0:.1f} s"]
+    notes = [f"{n} (the run that made this program)" if n.startswith("optimised in ") else n
+             for n in notes]
+    notes.append(f"the program an earlier run made for this model with these settings (from "
+                 f"the cache, {key[:12]}; the notes above are that run's), checked again on "
+                 f"random and example inputs in {time.perf_counter() - t0:.1f} s")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device,
                           compiled=ref.compiled(prog, cfg.device))
 
