@@ -343,8 +343,14 @@ def test_contiguous_permuted_and_broadcast_views_need_no_gather():
 
 def test_oversized_grids_are_rejected(monkeypatch):
     monkeypatch.setattr(onnx_views, "MAX_ELEMENTS", 10)
+    # a grid larger than the limit and than the result (a product reduced): refused
     with pytest.raises(UnsupportedError, match="exceeds"):
-        _emit(ollie.parse("A: [4, 4]\nL<i=0:4, j=0:4> A[i, j] * 2.0"))
+        _emit(ollie.parse("A: [4, 4]\nB: [4, 4]\nL<i=0:4, j=0:4> Sum<k=0:4> A[i, k] * B[k, j]"))
+    # a gathered read larger than the limit: refused
+    with pytest.raises(UnsupportedError, match="exceeds"):
+        _emit(ollie.parse("A: [16]\nL<i=0:3, j=0:4> A[i + j]"))
+    # an element-wise scope as large as its result (EfficientNet's SiLU at batch 8): emitted
+    assert "Gather" not in _check("A: [4, 4]\nL<i=0:4, j=0:4> A[i, j] * sigmoid(A[i, j])")
 
 
 @st.composite

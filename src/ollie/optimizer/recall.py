@@ -23,6 +23,7 @@ program. This cache makes a warm run return exactly the cold run's program, chec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import logging
@@ -111,11 +112,11 @@ def remembered(graph: Graph, cfg: OptimizeConfig,
                examples: Sequence[object] | torch.Tensor | None,
                make: Callable[[], OptimizedModel], t0: float | None = None) -> OptimizedModel:
     """The program stored for ``graph`` and ``cfg`` (:func:`recalled`; ``t0``: when this run
-    started, for its note) when ``cfg.use_cache``
-    (and the settings' :attr:`~ollie.settings.Settings.recall_programs`) and it passes its
-    check; else ``make()``, stored for the next run unless some decision of it was not cached
-    (a note says ``not cached``: measured on a busy machine and not confirmed), so that the
-    next run decides again rather than repeat it."""
+    started, for its note) when ``cfg.use_cache`` and the settings'
+    :attr:`~ollie.settings.Settings.recall_programs` allow it and it passes its check; else
+    ``make()``, stored for the next run unless some decision of it was not cached (a note
+    says ``not cached``: measured on a busy machine and not confirmed), so that the next run
+    decides again rather than repeat it."""
     if not cfg.use_cache or not current().recall_programs:
         return make()
     key = model_key(graph, cfg)
@@ -170,7 +171,8 @@ def recall(key: str) -> tuple[Program, list[SubprogramReport], list[str]] | None
         log.warning("cached program %s not used (%s); removed", path, str(exc)[:200])
         shutil.rmtree(path, ignore_errors=True)
         return None
-    os.utime(path)  # recently used
+    with contextlib.suppress(OSError):  # removed meanwhile by another process: still loaded
+        os.utime(path)  # recently used
     return found
 
 
@@ -193,10 +195,9 @@ def store(key: str, model: OptimizedModel) -> None:
                 raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    except (OSError, OllieError) as exc:
+        _evict(folder)
+    except (OSError, OllieError) as exc:  # another process removing entries, a full disk
         log.info("optimised program not cached (%s)", exc)
-        return
-    _evict(folder)
 
 
 def _evict(folder: Path, now: Callable[[], float] = time.time) -> None:
@@ -204,12 +205,16 @@ def _evict(folder: Path, now: Callable[[], float] = time.time) -> None:
     (and scratch folders older than an hour: a process that died while writing)."""
     entries = []
     for p in folder.iterdir():
-        if p.name.startswith(".new-"):
-            if now() - p.stat().st_mtime > 3600:
-                shutil.rmtree(p, ignore_errors=True)
+        try:
+            if p.name.startswith(".new-"):
+                if now() - p.stat().st_mtime > 3600:
+                    shutil.rmtree(p, ignore_errors=True)
+                continue
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) \
+                if p.is_dir() else 0
+            entries.append((p.stat().st_mtime, size, p))
+        except OSError:  # removed meanwhile by another process
             continue
-        size = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) if p.is_dir() else 0
-        entries.append((p.stat().st_mtime, size, p))
     entries.sort(reverse=True)
     total = 0
     for i, (_, size, p) in enumerate(entries):

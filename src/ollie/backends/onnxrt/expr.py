@@ -116,7 +116,7 @@ class _Scope(ScopeReads):
         else:
             value = self._joined() or self._const(self.value(self.scope.body))
             shape = self.b.shapes[value]
-            check_size(math.prod(shape), "an eOperator grid")
+            check_size(math.prod(shape), "an eOperator grid", math.prod(self.scope.shape))
             reduce = [a for a in range(nt, len(self.grid)) if shape[a] > 1]
             scale = math.prod(self.grid[a] for a in range(nt, len(self.grid))
                               if shape[a] == 1)

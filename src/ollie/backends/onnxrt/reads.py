@@ -52,10 +52,10 @@ class ScopeReads:
         fixed = self.fixed
         used = sorted({self.axis[v] for q in acc.indices for v in q.vars() if v not in fixed})
         sub = tuple(self.grid[a] if a in used else 1 for a in range(len(self.grid)))
-        check_size(math.prod(sub), "a read")
         plan = self.plan(acc, fixed)
-        if plan is not None:
+        if plan is not None:  # no larger than the grid, which the scope bounds
             return self.strided(src, plan, sub)
+        check_size(math.prod(sub), "a gathered read")
         env: dict[str, object] = dict(fixed)
         for a in used:
             it = self.iters[a]

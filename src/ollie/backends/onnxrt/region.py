@@ -167,7 +167,7 @@ def _expressible(k: Kernel, constants: Mapping[str, object],
                    (n in constants or not view_gathers(v, math.prod(shapes[n])))
                    for n, v in zip(k.inputs, views, strict=True))
     root = k.expr.root
-    return all(math.prod(it.size for it in s.iters) <= MAX_ELEMENTS
+    return all(math.prod(it.size for it in s.iters) <= max(MAX_ELEMENTS, math.prod(s.shape))
                for s in (root, *nested_scopes(root))) and \
         _cheap(k.expr, isinstance(k.params, EOpParams) and k.params.bound == "compute")
 

@@ -20,9 +20,9 @@ from ollie.errors import UnsupportedError
 from ollie.program.kernel import View
 
 MAX_ELEMENTS = 1 << 23
-"""Largest grid (product of a scope's iterator sizes over the axes a value spans) and largest
-constant gather index this module and :mod:`ollie.backends.onnxrt.expr` emit; beyond it the
-kernel stays outside the region."""
+"""Largest grid (product of a scope's iterator sizes over the axes a value spans), unless the
+scope's own result is larger, and largest constant gather index this module and
+:mod:`ollie.backends.onnxrt.expr` emit; beyond it the kernel stays outside the region."""
 
 
 class Emitter(Protocol):
@@ -38,11 +38,12 @@ class Emitter(Protocol):
     def reshape(self, name: str, shape: Sequence[int]) -> str: ...
 
 
-def check_size(n: int, what: str) -> None:
-    """Raise :class:`~ollie.errors.UnsupportedError` when ``n`` exceeds :data:`MAX_ELEMENTS`."""
-    if n > MAX_ELEMENTS:
-        raise UnsupportedError(f"{what} of {n} elements exceeds {MAX_ELEMENTS} for an ONNX "
-                               "region")
+def check_size(n: int, what: str, at_least: int = 0) -> None:
+    """Raise :class:`~ollie.errors.UnsupportedError` when ``n`` exceeds :data:`MAX_ELEMENTS`
+    and ``at_least`` (a grid may be as large as the tensor it computes)."""
+    if n > max(MAX_ELEMENTS, at_least):
+        raise UnsupportedError(f"{what} of {n} elements exceeds {max(MAX_ELEMENTS, at_least)} "
+                               "for an ONNX region")
 
 
 def int_array(values: Sequence[int]) -> np.ndarray:
