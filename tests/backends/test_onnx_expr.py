@@ -111,6 +111,10 @@ def test_reads_take_the_cheapest_form():
                  "A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:2, w=0:4> A[n, c, h, w] * 0.125"):
         ops = _check(text)
         assert "GlobalAveragePool" in ops and "ReduceSum" not in ops
+    # a k x k average pool of stride k over a whole tensor: one AveragePool
+    ops = _check("A: [2, 3, 6, 4]\nL<n=0:2, c=0:3, h=0:3, w=0:2> Sum<r=0:2, s=0:2> "
+                 "A[n, c, 2*h + r, 2*w + s] * 0.25")
+    assert ops.count("AveragePool") == 1 and "ReduceSum" not in ops
     # another scale, or a grid that is not 4-D: a reduction
     for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.5",
                  "A: [3, 4, 4]\nL<c=0:3> Sum<h=0:4, w=0:4> A[c, h, w] * 0.0625"):
@@ -164,6 +168,18 @@ def test_flattening_and_unflattening_reads_match_the_interpreter(sizes, rng):
     digits = ", ".join(f"f / {strides[d]} % {sizes[d]}" if order.index(d) else
                        f"f / {strides[d]}" for d in range(len(sizes)))
     assert "Gather" not in _check(f"A: {list(sizes)}\nL<f=0:{total}> A[{digits}]")
+
+
+def test_per_channel_scale_and_shift_becomes_batch_normalization():
+    # DenseNet's batch norm after a concatenation: one BatchNormalization, ReLU after it
+    ops = _check("A: [2, 3, 4, 4]\nS: [3]\nB: [3]\nL<n=0:2, c=0:3, h=0:4, w=0:4> "
+                 "relu(B[c] + S[c] * A[n, c, h, w])")
+    assert "BatchNormalization" in ops and "Mul" not in ops
+    # the channel elsewhere than axis 1, or a scale read at another index: Mul and Add
+    for text in ("A: [3, 2, 4]\nS: [3]\nB: [3]\nL<c=0:3, n=0:2, h=0:4> A[c, n, h] * S[c] + B[c]",
+                 "A: [2, 3, 4, 4]\nS: [4]\nB: [3]\nL<n=0:2, c=0:3, h=0:4, w=0:4> "
+                 "A[n, c, h, w] * S[h] + B[c]"):
+        assert "BatchNormalization" not in _check(text)
 
 
 def test_clamps_become_clip():

@@ -65,7 +65,7 @@ from ollie.backends.onnxrt.views import (
 )
 from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
-from ollie.ir.index import Var
+from ollie.ir.index import Var, var
 from ollie.ir.nodes import Node, accesses
 from ollie.ir.structural import may_be_structural
 
@@ -107,7 +107,7 @@ class _Scope(ScopeReads):
         joined = self._concat()
         if joined is not None:
             return joined
-        pooled = self._global_average()
+        pooled = self._global_average() or self._average_pool()
         if pooled is not None:
             return pooled
         combos = self._unrolled()
@@ -228,6 +228,32 @@ class _Scope(ScopeReads):
         y = out_node(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
         return self.b.reshape(y, scope.shape)
 
+    def _average_pool(self) -> str | None:
+        """``L<n, c, h, w> Sum<r, s> X[n, c, k*h + r, k*w + s] * (1 / k^2)`` over a whole
+        input ``X`` of ``k*H x k*W`` (a ``k x k`` average pool, stride ``k``) as one ONNX
+        ``AveragePool``, which ONNX Runtime keeps in its blocked layout (DenseNet's
+        transitions); else None."""
+        scope, body = self.scope, self.scope.body
+        if len(self.grid) != 6 or len(scope.summation) != 2 or \
+                any(it.lo != 0 for it in self.iters) or \
+                not (isinstance(body, BinOp) and body.op == "*"):
+            return None
+        acc, scale = (body.lhs, body.rhs) if isinstance(body.rhs, Const) else \
+            (body.rhs, body.lhs)
+        n, c, h, w, r, s = (it.name for it in self.iters)
+        k = self.iters[4].size
+        if not isinstance(acc, Access) or isinstance(acc.source, Scope) or \
+                not isinstance(scale, Const) or self.iters[5].size != k or \
+                abs(scale.value * k * k - 1.0) > 1e-6:
+            return None
+        want = [var(n), var(c), k * var(h) + var(r), k * var(w) + var(s)]
+        src = self.sources[acc.source]
+        if list(acc.indices) != want or self.b.shapes[src] != (
+                self.grid[0], self.grid[1], k * self.grid[2], k * self.grid[3]):
+            return None
+        return out_node(self.b, "AveragePool", [src], scope.shape, "avgpool",
+                        kernel_shape=[k, k], strides=[k, k])
+
     def _shape_of(self, source: str | Scope) -> tuple[tuple[int, ...], list[int]]:
         """A read source's dimensions and the first position of each."""
         if isinstance(source, Scope):
@@ -297,7 +323,8 @@ class _Scope(ScopeReads):
                 return -x
             return out_node(self.b, "Neg", [x], self.b.shapes[x], "neg")
         if isinstance(node, BinOp):
-            swish = self._hard_swish(node) if node.op == "*" else None
+            swish = self._hard_swish(node) if node.op == "*" else \
+                self._batch_norm(node) if node.op == "+" else None
             if swish is not None:
                 return swish
             if node.op in "*/":
@@ -398,6 +425,41 @@ class _Scope(ScopeReads):
                 value = self._const(self.value(x))
                 return out_node(self.b, "HardSwish", [value], self.b.shapes[value], "hardswish")
         return None
+
+    def _batch_norm(self, node: BinOp) -> str | None:
+        """``x * s[c] + b[c]`` over an element-wise 4-D grid whose axis 1 is ``c`` (``s``, ``b``
+        1-D tensors read whole at ``c``) as one ``BatchNormalization`` with mean 0, variance 1
+        and epsilon 0 (exactly ``x * s + b``): ONNX Runtime's layout transformer keeps it in
+        its blocked layout, a ReLU after it fused (``Mul`` and ``Add`` leave that layout:
+        DenseNet's batch norms after each concatenation); else None."""
+        if len(self.grid) != 4 or self.scope.summation:
+            return None
+        it = self.iters[1]
+        for prod, shift in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
+            if not (isinstance(prod, BinOp) and prod.op == "*") or not self._channel(shift):
+                continue
+            for x, scale in ((prod.lhs, prod.rhs), (prod.rhs, prod.lhs)):
+                if not self._channel(scale) or self._channel(x):
+                    continue
+                self._refuse_annihilation(prod)
+                xv = self._const(self.value(x))
+                s, b = (self.b.reshape(self.read(a), (it.size,))
+                        for a in (scale, shift) if isinstance(a, Access))
+                if self.b.shapes[xv] != self.grid:  # broadcast along some axis
+                    return self._binary("Add", self._binary("Mul", xv, self.b.reshape(
+                        s, (1, it.size, 1, 1))), self.b.reshape(b, (1, it.size, 1, 1)))
+                zeros = self.b.const("mean", np.zeros(it.size, dtype=np.float32))
+                ones = self.b.const("var", np.ones(it.size, dtype=np.float32))
+                return out_node(self.b, "BatchNormalization", [xv, s, b, zeros, ones],
+                                self.grid, "bn", epsilon=0.0)
+        return None
+
+    def _channel(self, node: Node) -> bool:
+        """Whether ``node`` reads a 1-D input whole at grid axis 1's iterator."""
+        it = self.iters[1]
+        return isinstance(node, Access) and not isinstance(node.source, Scope) and \
+            len(node.indices) == 1 and node.indices[0].as_var() == it.name and it.lo == 0 and \
+            self.b.shapes[self.sources[node.source]] == (it.size,)
 
     def _affine(self, node: Node) -> tuple[Node, float, float] | None:
         """``(x, a, b)`` when ``node`` is ``x * a + b`` (either operand order) with constant
