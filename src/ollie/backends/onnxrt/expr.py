@@ -323,10 +323,10 @@ class _Scope(ScopeReads):
                 return -x
             return out_node(self.b, "Neg", [x], self.b.shapes[x], "neg")
         if isinstance(node, BinOp):
-            swish = self._hard_swish(node) if node.op == "*" else \
+            fused = self._hard_swish(node) if node.op == "*" else \
                 self._batch_norm(node) if node.op == "+" else None
-            if swish is not None:
-                return swish
+            if fused is not None:
+                return fused
             if node.op in "*/":
                 self._refuse_annihilation(node)
             return self._apply(_BINARY[node.op], (node.lhs, node.rhs))
