@@ -543,8 +543,8 @@ def test_a_transposed_convolution_as_product_and_col2im_in_one_region(monkeypatc
     graphs = []
     session = ort_conv.session
     monkeypatch.setattr(ort_conv, "session",
-                        lambda graph, spinning=False: graphs.append(graph) or
-                        session(graph, spinning))
+                        lambda graph, spinning=False, weights=None: graphs.append(graph) or
+                        session(graph, spinning, weights))
     marked = ort_region.mark_regions(prog)
     assert marked is not None and ort_region.groups(marked) == [(0, 3)]
     compiled = CompiledProgram(marked)
@@ -573,15 +573,62 @@ def test_a_region_holds_only_the_constants_its_nodes_read(monkeypatch):
     graphs: list = []
     real = ort_conv.session
 
-    def spy(graph, spinning=False):
-        graphs.append(graph)
-        return real(graph, spinning)
+    def spy(graph, spinning=False, weights=None):
+        graphs.append((graph, set(weights or ())))
+        return real(graph, spinning, weights)
 
     monkeypatch.setattr(ort_conv, "session", spy)
     consts = {n: torch.as_tensor(v) for n, v in prog.constants.items()}
     built = [ort_region.build_region(prog, start, end, consts, plain_kernel)
              for start, end in ort_region.groups(prog)]
     assert built and all(r is not None for r in built) and graphs
-    for graph in graphs:
+    for graph, weights in graphs:
         read = {name for node in graph.node for name in node.input}
-        assert graph.initializer and {i.name for i in graph.initializer} <= read
+        held = {i.name for i in graph.initializer} | weights
+        assert held and held <= read
+
+
+def test_large_weights_travel_beside_the_serialized_model():
+    """``ort_conv.session(graph, weights=...)``: weights not in the ONNX graph are given to
+    ONNX Runtime as external initializers; the session computes what the inline model does,
+    and a region's large weights take that path (its serialized graph stays small)."""
+    from onnx import TensorProto, helper
+
+    from ollie.libs import ort_conv
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((64, 96)).astype(np.float32)
+    w2 = rng.standard_normal((96, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [5, 64])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [5, 8])], [])
+    sess = ort_conv.session(graph, weights={"w1": w1, "w2": w2})
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x @ w1, 0) @ w2,
+                               rtol=1e-4, atol=1e-4)
+    broken = helper.make_graph([helper.make_node("MatMul", ["x", "w9"], ["y"])], "g",
+                               graph.input, graph.output, [])
+    with pytest.raises(Exception, match="w9"):  # still checked: an unknown name is named
+        ort_conv.session(broken, weights={"w1": w1})
+    big = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 8, 1)).eval()
+    x = torch.randn(1, 16, 8, 8)
+    prog = ort_region.mark_regions(_optimized(big, x))
+    assert prog is not None
+    seen: list = []
+    real = ort_conv.session
+
+    def spy(graph, spinning=False, weights=None):
+        seen.append((graph.ByteSize(), dict(weights or {})))
+        return real(graph, spinning, weights)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ort_conv, "session", spy)
+        compiled = CompiledProgram(prog)
+    assert compiled.whole is not None and seen
+    ((size, weights),) = seen
+    assert any(v.nbytes >= ort_conv.EXTERNAL_BYTES for v in weights.values())
+    assert size < ort_conv.EXTERNAL_BYTES
+    torch.testing.assert_close(compiled(x), big(x), rtol=1e-4, atol=1e-4)

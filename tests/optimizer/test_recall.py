@@ -1,6 +1,6 @@
 """The whole-model result cache (:mod:`ollie.optimizer.recall`): a second optimisation of the
-same model with the same settings returns the first one's program, checked again, without
-optimising; another weight or setting is another entry; an entry that disagrees with the model
+same model with the same settings returns the first one's program, checked again (against
+the module itself), without optimising; another weight or setting is another entry; an entry that disagrees with the model
 or is malformed is removed; the least recently used entries go."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 import ollie
+from ollie.frontend import torch_import
+from ollie.optimizer import final
 from ollie.optimizer import model as optimizer_model
 from ollie.optimizer import recall
 from ollie.optimizer.config import OptimizeConfig
@@ -51,6 +53,13 @@ def test_a_second_run_returns_the_first_runs_program_checked_without_optimising(
     cold = ollie.optimize(m, (x,), **FAST)
     assert len(_entries(tmp_path)) == 1
     _no_optimising(monkeypatch)
+
+    def no_graph_run(*args, **kwargs):
+        raise AssertionError("the graph was run: the module is the warm check's reference")
+
+    # the recalled program is checked against the module itself, not through its graph
+    monkeypatch.setattr(torch_import, "check_import", no_graph_run)
+    monkeypatch.setattr(final, "run_graph", no_graph_run)
     warm = ollie.optimize(m, (x,), **FAST)
     assert program_digest(warm.program) == program_digest(cold.program)
     assert [(r.node, r.chosen) for r in warm.report] == [(r.node, r.chosen) for r in cold.report]

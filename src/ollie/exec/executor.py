@@ -75,12 +75,16 @@ class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
 
     def __init__(self, program: Program, device: str = "cpu", backend: str | None = None,
-                 cuda_graphs: bool | None = None, impls: Implementations | None = None) -> None:
+                 cuda_graphs: bool | None = None, impls: Implementations | None = None,
+                 check_regions: bool = True) -> None:
         """``cuda_graphs``: on a CUDA device, run the program as it is on its first call, capture
         it as a CUDA graph on its second and replay that from then on
         (:mod:`ollie.exec.cuda_graph`; default: on unless ``OLLIE_CUDA_GRAPHS=0``).
         ``impls``: the implementations its kernels may choose among (:mod:`ollie.policy`;
-        default: the settings' in effect now, kept for every later call)."""
+        default: the settings' in effect now, kept for every later call).
+        ``check_regions``: each ONNX Runtime region is checked against its kernels run one by
+        one before it is used (off only for a program about to be checked end to end, which
+        then fails as a whole where a region disagrees)."""
         program.check()
         self.program = program
         self.impls = impls or current().implementations
@@ -93,6 +97,7 @@ class CompiledProgram:
         self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
         self.followers: set[int] = set()  # a region's kernels after its first: nothing to run
         self.regions: dict[int, ort_region.Region] = {}  # by first kernel
+        self.check_regions = check_regions
         regions = self._regions()
         self.fns = [regions.get(i) or compile_kernel(k, self.backend, self.constants, self.impls)
                     for i, k in enumerate(program.kernels)]
@@ -128,9 +133,9 @@ class CompiledProgram:
         if self.backend != "cpu":
             return {}
         fns: dict[int, KernelFn] = {}
+        check = functools.partial(plain_kernel, impls=self.impls) if self.check_regions else None
         for start, end in ort_region.groups(self.program):
-            region = ort_region.build_region(self.program, start, end, self.constants,
-                                             functools.partial(plain_kernel, impls=self.impls))
+            region = ort_region.build_region(self.program, start, end, self.constants, check)
             if region is None:
                 continue
             self.spins |= region.spinning

@@ -15,8 +15,9 @@ result is checked against PyTorch on a random input; any failure gives ``None``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,25 +27,68 @@ log = logging.getLogger(__name__)
 Conv = Callable[..., torch.Tensor]
 
 
-def session(graph: object, spinning: bool = False) -> object:
+EXTERNAL_BYTES = 4096
+"""Float32 weights of at least this many bytes go to :func:`session` beside the serialized
+model (``weights``) rather than inside it: a region of a transformer holds hundreds of MB of
+weights, and serializing them and parsing them back took most of a warm ``ollie.optimize``
+(docs/design/034-warm-sessions.md). Smaller tensors (shapes, axes, scalars) stay in the model,
+where ONNX Runtime's shape inference and constant folding read them."""
+
+
+def session(graph: object, spinning: bool = False,
+            weights: Mapping[str, np.ndarray] | None = None) -> object:
     """An ONNX Runtime CPU session for the ONNX ``graph`` (opset 18, for ``Col2Im``; checked
     first): every graph optimisation and PyTorch's number of threads. Its threads busy-wait
     for work only with ``spinning`` (ONNX Runtime's default): spinning threads keep taking
-    the cores for a while after a run, from whatever kernel of the program runs next."""
+    the cores for a while after a run, from whatever kernel of the program runs next.
+
+    ``weights``: initializers the nodes of ``graph`` read that are not in it (contiguous
+    float32 arrays, names distinct from the graph's): ONNX Runtime copies them into the
+    session before it optimises the graph, as if they were the model's own initializers,
+    without a round trip through protobuf."""
     import onnx
     import onnxruntime as ort
-    from onnx import helper
+    from onnx import TensorProto, helper
 
+    weights = dict(weights or {})
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
-    data = model.SerializeToString()  # once: a region's weights make it hundreds of MB
-    onnx.checker.check_model(data)
+    if weights:  # checked as inputs: the checker reads external data from files only
+        check = onnx.ModelProto()
+        check.CopyFrom(model)
+        check.graph.input.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT,
+                                                               list(a.shape))
+                                 for n, a in weights.items())
+        onnx.checker.check_model(check.SerializeToString())
+        model.graph.initializer.extend(_stub(n, a) for n, a in weights.items())
+        data = model.SerializeToString()
+    else:
+        data = model.SerializeToString()  # once: a region's weights make it hundreds of MB
+        onnx.checker.check_model(data)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if weights:
+        names = list(weights)
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(weights[n], dtype=np.float32)) for n in names])
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def _stub(name: str, array: np.ndarray) -> object:
+    """A float32 initializer ``name`` shaped like ``array`` whose data is external: the
+    place :meth:`onnxruntime.SessionOptions.add_external_initializers` fills."""
+    from onnx import TensorProto
+
+    t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(array.shape),
+                    data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "ollie-weights"), ("offset", "0"),
+                       ("length", str(4 * array.size))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
 
 
 def ort_conv(op: str, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -150,6 +150,40 @@ def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str],
     return Reference(feeds, want, rtol)
 
 
+def module_reference(module: torch.nn.Module, graph: Graph, cfg: OptimizeConfig,
+                     examples: Sequence[object] | torch.Tensor | None = None,
+                     import_rtol: float = 0.0) -> Reference | None:
+    """A :func:`reference` whose outputs come from ``module``, the torch module ``graph`` was
+    imported from (the same random inputs; the example inputs when they fit), allowing
+    ``import_rtol`` more than ``cfg.check_rtol``: a program within ``check_rtol`` of a graph
+    that is within ``import_rtol`` of its module is within their sum of the module. Saves
+    running the graph where the module was already checked against it. None off the CPU
+    (where TF32 sets the allowance) or where the module's outputs do not line up with the
+    graph's (one tensor per output)."""
+    from torch.utils._pytree import tree_leaves
+
+    if torch.device(cfg.device).type != "cpu":
+        return None
+    rng = np.random.default_rng(cfg.seed + 1)
+    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
+             for n, s in graph.inputs}
+
+    def run(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        with torch.no_grad(), full_fp32():
+            out = [t for t in tree_leaves(module(*inputs.values()))
+                   if isinstance(t, torch.Tensor)]
+        if [tuple(t.shape) for t in out] != [tuple(graph.shape(o)) for o in graph.outputs]:
+            return None
+        return {o: t.detach().float() for o, t in zip(graph.outputs, out, strict=True)}
+
+    want = run(feeds)
+    ex = example_feeds(graph, examples, cfg.device, [])
+    ex_want = run(ex) if ex else {}
+    if want is None or ex_want is None:
+        return None
+    return Reference(feeds, want, cfg.check_rtol + import_rtol, ex, ex_want)
+
+
 def example_error(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]
                   ) -> tuple[float, str]:
     """The largest relative error (:func:`~ollie.optimizer.libraries.rel_err`, over the

@@ -13,15 +13,16 @@ from ollie.errors import OllieError, UnsupportedError
 from ollie.graph import Graph
 
 
-def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None
-             ) -> Graph:
+def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None,
+             check: bool = True) -> Graph:
     """The graph of a torch module, an ONNX path or an ONNX ModelProto, identities removed and
     BatchNorm folded. ``example_inputs``: a sequence of tensors, one per model input (a lone
     tensor is one input); a module needs them (they fix every shape), an ONNX model's
     symbolic dimensions are fixed by their shapes (its fixed ones must match). A module's
-    graph is checked against the module on new inputs
-    (:func:`ollie.frontend.torch_import.check_import`). A model that is not float32 raises
-    :class:`~ollie.errors.UnsupportedError` saying what to convert."""
+    graph is checked against the module on new inputs (:func:`checked_import`; ``check`` off: the
+    caller does that before it uses the graph for anything but a cache lookup). A model
+    that is not float32 raises :class:`~ollie.errors.UnsupportedError` saying what to
+    convert."""
     from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
     from ollie.graph.passes import eliminate_identity, fold_batchnorm
 
@@ -36,8 +37,7 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
         if problem is not None:
             raise UnsupportedError(problem)
         graph = fold_batchnorm(eliminate_identity(from_torch(model, inputs)))
-        torch_import.check_import(graph, model, inputs)
-        return graph
+        return checked_import(graph, model, inputs) if check else graph
     if isinstance(model, (str, Path)) or type(model).__name__ == "ModelProto":
         proto, source = onnx_import.load_onnx(model)
         problem = onnx_import.float32_problem(proto, source)
@@ -51,4 +51,17 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
                      "torch.nn.Module, an .onnx path or an onnx.ModelProto")
 
 
-__all__ = ["to_graph"]
+def checked_import(graph: Graph, model: object,
+            example_inputs: Sequence[torch.Tensor] | torch.Tensor | None) -> Graph:
+    """``graph`` once it is checked against ``model`` when that is a torch module
+    (:func:`ollie.frontend.torch_import.check_import`, which raises where they differ)."""
+    from ollie.frontend import torch_import
+
+    if isinstance(model, torch.nn.Module) and example_inputs is not None:
+        inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else \
+            tuple(example_inputs)
+        torch_import.check_import(graph, model, inputs)
+    return graph
+
+
+__all__ = ["checked_import", "to_graph"]

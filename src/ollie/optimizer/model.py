@@ -41,7 +41,7 @@ from ollie.optimizer.chains import ChainOutcome
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.context import Group, cached_refine
 from ollie.optimizer.final import ORIGINAL, ORIGINALS, checked, confirm, node_kernel, reference
-from ollie.optimizer.importing import to_graph
+from ollie.optimizer.importing import checked_import, to_graph
 from ollie.optimizer.keys import SubprogramKey
 from ollie.optimizer.layout import likely_channels_last
 from ollie.optimizer.libraries import ALTERNATIVE_MARGIN, PER_OPERATOR, alternative_of
@@ -428,10 +428,12 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     # choices measured are kept in the cache for the next process (tune.cache.choice_store)
     with using(new_choices=budget.may_choose,
                choice_store=choice_store(cfg.use_cache, cfg.device)):
-        with budget.phase("import"):
-            graph = to_graph(model, example_inputs)
+        with budget.phase("import"):  # checked against a module unless its program is recalled
+            graph = to_graph(model, example_inputs, check=False)
+        module = model if isinstance(model, torch.nn.Module) else None
         return remembered(graph, cfg, example_inputs, lambda: _optimize_graph(
-            graph, cfg, progress, example_inputs, budget, t0), t0)
+            checked_import(graph, model, example_inputs), cfg, progress, example_inputs,
+            budget, t0), t0, module)
 
 
 def _optimize_graph(graph: Graph, cfg: OptimizeConfig,

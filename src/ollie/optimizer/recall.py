@@ -42,9 +42,11 @@ import torch
 
 from ollie.cachedir import cache_root
 from ollie.errors import OllieError
+from ollie.exec.executor import CompiledProgram
+from ollie.frontend.torch_import import IMPORT_RTOL
 from ollie.graph.ir import Graph
 from ollie.optimizer.config import OptimizeConfig
-from ollie.optimizer.final import agrees, confirm, reference
+from ollie.optimizer.final import agrees, confirm, module_reference, reference
 from ollie.optimizer.report import OptimizedModel, SubprogramReport, read_saved
 from ollie.program.program import Program
 from ollie.settings import current
@@ -110,17 +112,18 @@ def _feed(h: Any, value: object) -> None:
 
 def remembered(graph: Graph, cfg: OptimizeConfig,
                examples: Sequence[object] | torch.Tensor | None,
-               make: Callable[[], OptimizedModel], t0: float | None = None) -> OptimizedModel:
+               make: Callable[[], OptimizedModel], t0: float | None = None,
+               module: torch.nn.Module | None = None) -> OptimizedModel:
     """The program stored for ``graph`` and ``cfg`` (:func:`recalled`; ``t0``: when this run
-    started, for its note) when ``cfg.use_cache`` and the settings'
-    :attr:`~ollie.settings.Settings.recall_programs` allow it and it passes its check; else
-    ``make()``, stored for the next run unless some decision of it was not cached (a note
-    says ``not cached``: measured on a busy machine and not confirmed), so that the next run
-    decides again rather than repeat it."""
+    started, for its note; ``module``: the torch module ``graph`` was imported from) when
+    ``cfg.use_cache`` and the settings' :attr:`~ollie.settings.Settings.recall_programs`
+    allow it and it passes its check; else ``make()``, stored for the next run unless some
+    decision of it was not cached (a note says ``not cached``: measured on a busy machine and
+    not confirmed), so that the next run decides again rather than repeat it."""
     if not cfg.use_cache or not current().recall_programs:
         return make()
     key = model_key(graph, cfg)
-    hit = recalled(graph, cfg, key, examples)
+    hit = recalled(graph, cfg, key, examples, module)
     if hit is not None:
         if t0 is not None:
             hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
@@ -132,16 +135,23 @@ def remembered(graph: Graph, cfg: OptimizeConfig,
 
 
 def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
-             examples: Sequence[object] | torch.Tensor | None) -> OptimizedModel | None:
+             examples: Sequence[object] | torch.Tensor | None,
+             module: torch.nn.Module | None = None) -> OptimizedModel | None:
     """The program stored under ``key`` as an :class:`OptimizedModel`, when it matches
     ``graph`` on the check's random inputs and on the example inputs (as a program just made
-    must, :mod:`ollie.optimizer.final`); one that does not is removed (a warning), and None."""
+    must, :mod:`ollie.optimizer.final`); one that does not is removed (a warning), and None.
+    With ``module`` (on the CPU) it is checked against the module itself instead, within the
+    import check's allowance more (:func:`~ollie.optimizer.final.module_reference`): the
+    graph of a model whose program was stored passed that check, and a warm run does not
+    repeat it. Its ONNX Runtime regions are not checked one by one: the check covers them."""
     t0 = time.perf_counter()
     found = recall(key)
     if found is None:
         return None
     prog, report, notes = found
-    ref = reference(graph, cfg, [], examples)
+    ref = (module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
+           else None) or reference(graph, cfg, [], examples)
+    ref.built[id(prog)] = CompiledProgram(prog, cfg.device, check_regions=False)
     failed: list[str] = []
     if not agrees(prog, ref, cfg, "the cached", failed) or \
             confirm(prog, ref, cfg, "the cached", failed) is None:
