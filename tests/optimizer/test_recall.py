@@ -1,7 +1,8 @@
 """The whole-model result cache (:mod:`ollie.optimizer.recall`): a second optimisation of the
 same model with the same settings returns the first one's program, checked again (against
-the module itself), without optimising; another weight or setting is another entry; an entry that disagrees with the model
-or is malformed is removed; the least recently used entries go."""
+the module itself), without optimising; another weight or setting is another entry; an entry
+that disagrees with the model or is malformed is removed; the least recently used entries
+go."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from torch import nn
 
 import ollie
 from ollie.frontend import torch_import
-from ollie.optimizer import final
+from ollie.optimizer import final, recall
 from ollie.optimizer import model as optimizer_model
-from ollie.optimizer import recall
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import program_digest
 from ollie.optimizer.importing import to_graph

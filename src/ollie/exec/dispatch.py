@@ -9,7 +9,8 @@
   the band kernels of :mod:`ollie.kernels.band`, or with those switched off
   (:data:`ollie.policy.BAND`) windowed ``torch.matmul`` products (:mod:`ollie.libs.torch_band`);
 * eOperators run generated code: numba on CPU, Triton on CUDA (:mod:`ollie.codegen`), or the
-  reference interpreter when asked (``backend="reference"``);
+  reference interpreter when asked (``backend="reference"``); on the CPU a concatenation
+  inside one runs as ``torch.cat`` first (:mod:`ollie.exec.concat`);
 * ``Alias`` kernels (identity eOperators found by post-processing) are zero-copy views;
 * ``Node`` kernels run one graph operator as it is (:mod:`ollie.exec.node`; operators Ollie
   does not rewrite, e.g. max pooling or softmax).
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from ollie.errors import UnsupportedError
 from ollie.exec import linear
 from ollie.exec import reference as library
+from ollie.exec.concat import ConcatSplit, split_concat
 from ollie.exec.node import Env, KernelFn, node_fn
 from ollie.ir import Expr
 from ollie.libs.onednn import POST_OPS
@@ -209,8 +211,18 @@ def precompile_programs(programs: Sequence[Program]) -> int:
     compiled there."""
     from ollie.codegen.precompile import precompile
 
-    return precompile([generated_kernel(k, "cpu").expr for prog in programs
-                       for k in prog.kernels if k.kind is KernelKind.EOP and k.expr is not None])
+    exprs = [generated_kernel(k, "cpu").expr for prog in programs for k in prog.kernels
+             if k.kind is KernelKind.EOP and k.expr is not None]
+    return precompile([e for e in (_cpu_code(x) for x in exprs if x is not None)
+                       if e is not None])
+
+
+def _cpu_code(expr: Expr) -> Expr | None:
+    """The expression the generated CPU code of an eOperator computing ``expr`` is compiled
+    for: the rest after a concatenation (:func:`ollie.exec.concat.split_concat`; None when
+    nothing is left), else ``expr``."""
+    split = split_concat(expr)
+    return expr if split is None else split.rest
 
 
 _DISCOVERY = threading.local()
@@ -247,6 +259,9 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
     from ollie.codegen import compile_eop
     from ollie.codegen.layout import dense_permutation, permute_inputs
 
+    split = split_concat(k.expr) if backend == "cpu" and k.expr is not None else None
+    if split is not None:
+        return _concat_fn(k, split)
     p = k.params
     assert isinstance(p, kp.EOpParams) and k.expr is not None
     pinned = p.cuda_configs if backend == "cuda" else None
@@ -305,6 +320,22 @@ def _eop_fn(k: Kernel, backend: str) -> KernelFn:
         arrays = {n: t.detach().contiguous().numpy() for n, t in ins.items()}
         res = fn(arrays, None if out is None else out.numpy())
         return out if out is not None else torch.from_numpy(res)
+
+    return run
+
+
+def _concat_fn(k: Kernel, split: ConcatSplit) -> KernelFn:
+    """The eOperator ``k`` as ``torch.cat`` of the tensors it concatenates, then the generated
+    code of the rest reading that (:mod:`ollie.exec.concat`)."""
+    if split.rest is None:
+        return lambda env, out: split.cat(env, out)
+    rest = split.rest
+    inner = _eop_fn(Kernel(KernelKind.EOP, {"expr": str(rest)}, tuple(n for n, _ in rest.decls),
+                           k.output, rest), "cpu")
+    names = [n for n, _ in rest.decls if n != split.name]
+
+    def run(env: Env, out: torch.Tensor | None) -> torch.Tensor:
+        return inner({split.name: split.cat(env), **{n: env[n] for n in names}}, out)
 
     return run
 
