@@ -632,3 +632,33 @@ def test_large_weights_travel_beside_the_serialized_model():
     assert any(v.nbytes >= ort_conv.EXTERNAL_BYTES for v in weights.values())
     assert size < ort_conv.EXTERNAL_BYTES
     torch.testing.assert_close(compiled(x), big(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("start", "end", "step"), [(3, 8, 1), (0, None, 2), (-4, None, 1)])
+def test_a_graph_slice_between_convolutions_stays_in_the_region(start, end, step):
+    """A ``Slice`` graph operator kept as it is (ShuffleNet's ``chunk`` next to a kept chain)
+    is a region step, so the region is not cut in two around it (two regions do not spin)."""
+    from ollie.graph.ir import Node
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    c = len(range(8)[slice(start, end, step)])
+    w2 = rng.standard_normal((4, c, 1, 1)).astype(np.float32)
+    conv = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    kernels = [
+        Kernel("Node", {"node": Node("Conv2d", ("x", "W1"), ("a",), conv), "op": "Conv2d"},
+               ("x", "W1"), "a", None, shape=(1, 8, 6, 6)),
+        Kernel("Node", {"node": Node("Slice", ("a",), ("b",), {
+            "axis": 1, "start": start, "end": end, "step": step}), "op": "Slice"},
+               ("a",), "b", None, shape=(1, c, 6, 6)),
+        Kernel("Node", {"node": Node("Conv2d", ("b", "W2"), ("y",), {**conv, "padding": (0, 0)}),
+                        "op": "Conv2d"}, ("b", "W2"), "y", None, shape=(1, 4, 6, 6))]
+    prog = Program((("x", (1, 3, 6, 6)),), ("y",), kernels, {"W1": w1, "W2": w2})
+    marked = ort_region.mark_regions(prog)
+    assert marked is not None and ort_region.groups(marked) == [(0, 3)]
+    compiled = CompiledProgram(marked)
+    assert compiled.whole is not None
+    x = torch.randn(1, 3, 6, 6)
+    a = torch.nn.functional.conv2d(x, torch.from_numpy(w1), padding=1)
+    want = torch.nn.functional.conv2d(a[:, start:end:step], torch.from_numpy(w2))
+    torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-4)

@@ -140,3 +140,26 @@ def test_the_least_recently_used_entries_go(ollie_settings, tmp_path, monkeypatc
     monkeypatch.setattr(recall, "MAX_BYTES", 1)  # the newest entry stays, whatever its size
     recall.store("e" * 40, made)
     assert _entries(tmp_path) == ["e" * 40]
+
+
+def test_the_module_reference_is_the_modules_output_or_none():
+    """``final.module_reference``: the module's own outputs on the check's random and example
+    inputs, allowing the import check's error more; None (the graph is then the reference)
+    for a module in training mode or one that fails on the graph's inputs."""
+    m, x = _model()
+    cfg = OptimizeConfig(**FAST)
+    graph = to_graph(m, (x,))
+    ref = final.module_reference(m, graph, cfg, (x,), import_rtol=1e-3)
+    assert ref is not None and ref.rtol == cfg.check_rtol + 1e-3
+    graph_ref = final.reference(graph, cfg, [], (x,))
+    (out,) = graph.outputs
+    torch.testing.assert_close(ref.want[out], graph_ref.want[out], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ref.example_want[out], m(x).detach())
+    assert final.module_reference(m.train(), graph, cfg, (x,)) is None
+    m.eval()
+
+    class Broken(nn.Module):
+        def forward(self, a):
+            raise RuntimeError("not these inputs")
+
+    assert final.module_reference(Broken(), graph, cfg, (x,)) is None

@@ -158,20 +158,25 @@ def module_reference(module: torch.nn.Module, graph: Graph, cfg: OptimizeConfig,
     ``import_rtol`` more than ``cfg.check_rtol``: a program within ``check_rtol`` of a graph
     that is within ``import_rtol`` of its module is within their sum of the module. Saves
     running the graph where the module was already checked against it. None off the CPU
-    (where TF32 sets the allowance) or where the module's outputs do not line up with the
-    graph's (one tensor per output)."""
+    (where TF32 sets the allowance), for a module in training mode, and where the module
+    fails on the graph's inputs or its outputs do not line up with the graph's (one tensor
+    per output): the caller then uses :func:`reference`."""
     from torch.utils._pytree import tree_leaves
 
-    if torch.device(cfg.device).type != "cpu":
+    if torch.device(cfg.device).type != "cpu" or module.training:
         return None
     rng = np.random.default_rng(cfg.seed + 1)
     feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
              for n, s in graph.inputs}
 
     def run(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        with torch.no_grad(), full_fp32():
-            out = [t for t in tree_leaves(module(*inputs.values()))
-                   if isinstance(t, torch.Tensor)]
+        try:
+            with torch.no_grad(), full_fp32():
+                out = [t for t in tree_leaves(module(*inputs.values()))
+                       if isinstance(t, torch.Tensor)]
+        except Exception as exc:  # the graph's inputs are not the module's arguments
+            log.info("the program is checked through the graph (%s: %s)", type(exc).__name__, exc)
+            return None
         if [tuple(t.shape) for t in out] != [tuple(graph.shape(o)) for o in graph.outputs]:
             return None
         return {o: t.detach().float() for o, t in zip(graph.outputs, out, strict=True)}

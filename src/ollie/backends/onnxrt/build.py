@@ -15,7 +15,7 @@ import torch
 
 from ollie.activations import ACTIVATIONS
 from ollie.backends.onnxrt import opaque
-from ollie.backends.onnxrt.views import out_node
+from ollie.backends.onnxrt.views import int_array, out_node
 from ollie.graph.execute import pad4, pair
 from ollie.graph.ir import OPAQUE
 from ollie.libs.tensors import kernel_input
@@ -127,6 +127,13 @@ class Builder:
             y = self.node("Flatten", ins, "flat", axis=int(attrs.get("axis", 1)))
         elif op == "Softmax":
             y = self.node("Softmax", ins, "softmax", axis=int(attrs.get("axis", -1)))
+        elif op == "Slice":  # a step >= 1 (region.exportable): ONNX clamps as Python does
+            end = attrs.get("end")
+            bounds = (("starts", int(attrs.get("start", 0))),
+                      ("ends", 2 ** 62 if end is None else int(end)),
+                      ("axes", int(attrs["axis"])), ("steps", int(attrs.get("step", 1))))
+            y = self.node("Slice", [ins[0], *(self.const(n, int_array([v])) for n, v in bounds)],
+                          "slice")
         elif op == OPAQUE:
             emitted = opaque.emit(self, node, ins)
             if emitted is None:

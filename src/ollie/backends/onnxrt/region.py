@@ -109,6 +109,8 @@ def exportable(k: Kernel, constants: Mapping[str, object],
             return _opaque_expressible(k, constants, shapes)
         if op == "MatMul":  # torch.matmul and ONNX MatMul broadcast alike
             return len(ins) == 2
+        if op == "Slice":
+            return int(p.node.attrs.get("step", 1)) >= 1
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op in ("Flatten", "Softmax") and not act)
     if k.kind in (KernelKind.EOP, KernelKind.MATMUL, KernelKind.ALIAS):
