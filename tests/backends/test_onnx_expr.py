@@ -108,7 +108,10 @@ def test_reads_take_the_cheapest_form():
     # fuses it into the pool) or of part of a tensor (the read's slice, then the pool)
     for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.0625",
                  "A: [1, 3, 4, 2]\nL<n=0:1, c=0:3> Sum<r=0:4, s=0:2> relu(A[0, c, r, s]) * 0.125",
-                 "A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:2, w=0:4> A[n, c, h, w] * 0.125"):
+                 "A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:2, w=0:4> A[n, c, h, w] * 0.125",
+                 # pooled to [N, C, 1, 1] (squeeze-excitation): the same
+                 "A: [1, 3, 4, 2]\nL<n=0:1, c=0:3, h=0:1, w=0:1> Sum<r=0:4, s=0:2> "
+                 "A[n, c, r, s] * 0.125"):
         ops = _check(text)
         assert "GlobalAveragePool" in ops and "ReduceSum" not in ops
     # a k x k average pool of stride k over a whole tensor: one AveragePool
@@ -117,7 +120,9 @@ def test_reads_take_the_cheapest_form():
     assert ops.count("AveragePool") == 1 and "ReduceSum" not in ops
     # another scale, or a grid that is not 4-D: a reduction
     for text in ("A: [2, 3, 4, 4]\nL<n=0:2, c=0:3> Sum<h=0:4, w=0:4> A[n, c, h, w] * 0.5",
-                 "A: [3, 4, 4]\nL<c=0:3> Sum<h=0:4, w=0:4> A[c, h, w] * 0.0625"):
+                 "A: [3, 4, 4]\nL<c=0:3> Sum<h=0:4, w=0:4> A[c, h, w] * 0.0625",
+                 "A: [1, 3, 4, 2]\nL<n=0:1, c=0:3, h=0:2, w=0:1> Sum<r=0:2, s=0:2> "
+                 "A[n, c, 2*h + r, s] * 0.25"):
         ops = _check(text)
         assert "ReduceSum" in ops and "GlobalAveragePool" not in ops
 

@@ -47,6 +47,7 @@ class Builder:
         self.nodes: list = []
         self.inits: dict[str, np.ndarray] = {}
         self.count = 0
+        self.reshaped: dict[str, str] = {}  # a Reshape's output -> the tensor it reshapes
 
     def fresh(self, base: str) -> str:
         self.count += 1
@@ -72,12 +73,27 @@ class Builder:
         return out
 
     def reshape(self, name: str, shape: Sequence[int]) -> str:
+        """``name`` as ``shape``; a reshape of a reshape reshapes the original (back to its
+        own shape: the original itself), so no pair of them cancels in the graph: between
+        two convolutions ONNX Runtime leaves its blocked layout for every ``Reshape``."""
+        name = self.reshaped.get(name, name)
         if tuple(self.shapes.get(name, ())) == tuple(shape):
             return name
         target = self.const("shape", np.asarray(list(shape), dtype=np.int64))
         out = self.node("Reshape", [name, target], "reshaped")
         self.shapes[out] = tuple(shape)
+        self.reshaped[out] = name
         return out
+
+    def live(self, outputs: Sequence[str]) -> list:
+        """The nodes ``outputs`` depend on, in order (a reshape folded away by
+        :meth:`reshape` may have left its node unread)."""
+        needed, kept = set(outputs), []
+        for node in reversed(self.nodes):
+            if any(o in needed for o in node.output):
+                kept.append(node)
+                needed.update(node.input)
+        return kept[::-1]
 
     def epilogue(self, y: str, k: Kernel, residual: str | None) -> str:
         if residual is not None:

@@ -209,22 +209,25 @@ class _Scope(ScopeReads):
         return self.joined(parts, tuple(n if a in used else 1 for a, n in enumerate(self.grid)))
 
     def _global_average(self) -> str | None:
-        """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` over a 4-D grid (two traversal axes,
-        then the two summation axes) as ``f`` over the grid and one ONNX
-        ``GlobalAveragePool`` (ONNX Runtime keeps its blocked layout through it; a ``Mul``
-        and a ``ReduceSum`` leave it); else None."""
+        """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` (two traversal axes, or four whose last
+        two have size 1: a pooled ``[N, C, 1, 1]``, EfficientNet's squeeze-excitation), then
+        the two summation axes, as ``f`` over the grid and one ONNX ``GlobalAveragePool``
+        (ONNX Runtime keeps its blocked layout through it; a ``Mul`` and a ``ReduceSum``
+        leave it); else None."""
         body, scope = self.scope.body, self.scope
-        if len(self.grid) != 4 or len(scope.summation) != 2 or \
-                not (isinstance(body, BinOp) and body.op == "*"):
+        nt = len(scope.traversal)
+        if nt not in (2, 4) or len(scope.summation) != 2 or self.grid[2:nt] not in ((), (1, 1)) \
+                or not (isinstance(body, BinOp) and body.op == "*"):
             return None
         inner, scale = (body.lhs, body.rhs) if isinstance(body.rhs, Const) else \
             (body.rhs, body.lhs)
-        if not isinstance(scale, Const) or \
-                abs(scale.value * self.grid[2] * self.grid[3] - 1.0) > 1e-6:
+        pooled = self.grid[nt:]
+        if not isinstance(scale, Const) or abs(scale.value * math.prod(pooled) - 1.0) > 1e-6:
             return None
         value = self.value(inner)
         if isinstance(value, float) or self.b.shapes[value] != self.grid:
             return None  # constant along some axis: the general form handles it
+        value = self.b.reshape(value, (*self.grid[:2], *pooled))
         y = out_node(self.b, "GlobalAveragePool", [value], (*self.grid[:2], 1, 1), "gap")
         return self.b.reshape(y, scope.shape)
 

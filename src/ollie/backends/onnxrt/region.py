@@ -432,13 +432,14 @@ def _session(kernels: Sequence[Kernel], constants: Mapping[str, torch.Tensor],
 
     # only the constants a node reads (a kernel may read a constant its ONNX form folds in,
     # e.g. a clamp's bounds): ONNX Runtime warns about every unused initializer
-    used = {name for node in b.nodes for name in node.input} | set(rename[n] for n in outputs)
+    nodes = b.live([rename[n] for n in outputs])
+    used = {name for node in nodes for name in node.input} | set(rename[n] for n in outputs)
     inits = {n: v for n, v in b.inits.items() if n in used}
     # large weights travel beside the model, not through protobuf (EXTERNAL_BYTES)
     weights = {n: v for n, v in inits.items()
                if v.dtype == np.float32 and v.nbytes >= EXTERNAL_BYTES}
     graph = helper.make_graph(
-        b.nodes, "ollie_region",
+        nodes, "ollie_region",
         [helper.make_tensor_value_info(rename[n], TensorProto.FLOAT, list(shapes[n]))
          for n in inputs],
         graph_outputs, [numpy_helper.from_array(v, n) for n, v in inits.items()
