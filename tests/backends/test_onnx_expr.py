@@ -485,3 +485,14 @@ def test_a_products_constant_operand_is_what_its_view_reads():
             Kernel("Matmul", k.params, k.inputs, "y", expr, (None, View(10, (1, 4, 3),
                                                                         (12, -3, 1)))),
             ("x", "w"))
+
+
+def test_a_reshape_of_a_reshape_reshapes_the_original():
+    """``Builder.reshape``: reshaping back gives the original tensor and a further reshape
+    reads the original; ``Builder.live`` drops the reshape nobody reads."""
+    b = Builder({}, {"x": (2, 3, 4)})
+    y = b.reshape("x", (6, 4))
+    assert b.reshape(y, (2, 3, 4)) == "x"
+    z = b.reshape(y, (24,))
+    assert [n.input[0] for n in b.nodes] == ["x", "x"]
+    assert [n.output[0] for n in b.live([z])] == [z]
