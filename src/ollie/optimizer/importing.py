@@ -52,7 +52,7 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
 
 
 def checked_import(graph: Graph, model: object,
-            example_inputs: Sequence[torch.Tensor] | torch.Tensor | None) -> Graph:
+                   example_inputs: Sequence[torch.Tensor] | torch.Tensor | None) -> Graph:
     """``graph`` once it is checked against ``model`` when that is a torch module
     (:func:`ollie.frontend.torch_import.check_import`, which raises where they differ)."""
     from ollie.frontend import torch_import

@@ -151,7 +151,10 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
     prog, report, notes = found
     ref = (module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
            else None) or reference(graph, cfg, [], examples)
-    ref.built[id(prog)] = CompiledProgram(prog, cfg.device, check_regions=False)
+    try:
+        ref.built[id(prog)] = CompiledProgram(prog, cfg.device, check_regions=False)
+    except Exception as exc:  # not used: the check below builds it again and reports why
+        log.info("the cached program failed to build: %s: %s", type(exc).__name__, exc)
     failed: list[str] = []
     if not agrees(prog, ref, cfg, "the cached", failed) or \
             confirm(prog, ref, cfg, "the cached", failed) is None:

@@ -65,7 +65,7 @@ from ollie.backends.onnxrt.views import (
 )
 from ollie.errors import UnsupportedError
 from ollie.ir import Access, BinOp, Call, Const, Neg, Scope
-from ollie.ir.index import Var, var
+from ollie.ir.index import var
 from ollie.ir.nodes import Node, accesses
 from ollie.ir.structural import may_be_structural
 
@@ -104,9 +104,6 @@ class _Scope(ScopeReads):
         folded = selective_add(self.b, self.scope, self._shape_of, self._whole)
         if folded is not None:
             return folded
-        joined = self._concat()
-        if joined is not None:
-            return joined
         pooled = self._global_average() or self._average_pool()
         if pooled is not None:
             return pooled
@@ -132,48 +129,6 @@ class _Scope(ScopeReads):
             value = out_node(self.b, "Expand", [value, self.b.const("shape", int_array(
                 self.scope.shape))], self.scope.shape, "expand")
         return value
-
-    def _concat(self) -> str | None:
-        """A concatenation, ``L<x...> A[x...] + B[x..., x_d - a, x...] + ...`` whose terms
-        read whole input tensors laid end to end along one axis ``d`` (each term is zero
-        outside its tensor; a term may be ``f(B[...])`` with ``f(0) = 0``, and a tensor a
-        nested scope), as one ONNX ``Concat``; else None."""
-        if self.scope.summation or any(it.lo != 0 for it in self.iters):
-            return None
-        terms = self._terms()
-        if terms is None:
-            return None
-        axis, parts = None, []
-        for fn, acc in terms:
-            if len(acc.indices) != len(self.iters) or (isinstance(acc.source, Scope) and any(
-                    it.lo != 0 for it in acc.source.traversal)):
-                return None
-            dims = acc.source.shape if isinstance(acc.source, Scope) else \
-                self.b.shapes[self.sources[acc.source]]
-            start = 0
-            for k, (q, it) in enumerate(zip(acc.indices, self.iters, strict=True)):
-                if q.terms != ((Var(it.name), 1),):
-                    return None
-                if q.const != 0 or dims[k] != it.size:
-                    if axis not in (None, k):
-                        return None
-                    axis, start = k, -q.const
-            src = self._whole(acc.source)
-            if fn is not None:
-                src = out_node(self.b, _UNARY[fn], [src], tuple(dims), fn)
-            parts.append((start, dims, src))
-        if axis is None:
-            return None
-        parts.sort(key=lambda t: t[0])
-        edge = 0
-        for start, dims, _ in parts:
-            if start != edge:
-                return None  # a gap or an overlap: not a concatenation
-            edge += dims[axis]
-        if edge != self.grid[axis]:
-            return None
-        return out_node(self.b, "Concat", [src for _, _, src in parts],
-                       self.scope.shape, "concat", axis=axis)
 
     def _terms(self) -> list[tuple[str | None, Access]] | None:
         """The terms ``(f, T[...])`` of a body ``A[...] + f(B[...]) + ...`` of at least two
