@@ -125,13 +125,18 @@ def example_feeds(graph: Graph, examples: Sequence[object] | torch.Tensor | None
             for (n, _), x in zip(graph.inputs, tensors, strict=True)}
 
 
+def random_feeds(graph: Graph, cfg: OptimizeConfig) -> dict[str, torch.Tensor]:
+    """The end-to-end check's random inputs: standard normal, seeded by ``cfg.seed``."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    return {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
+            for n, s in graph.inputs}
+
+
 def reference(graph: Graph, cfg: OptimizeConfig, notes: list[str],
               examples: Sequence[object] | torch.Tensor | None = None) -> Reference:
     """The end-to-end check's reference for ``graph`` (random inputs seeded by ``cfg.seed``,
     and ``examples``, the example inputs, when given and fitting the graph's inputs)."""
-    rng = np.random.default_rng(cfg.seed + 1)
-    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
-             for n, s in graph.inputs}
+    feeds = random_feeds(graph, cfg)
     with full_fp32():
         want = run_graph(graph, feeds)
     rtol = cfg.check_rtol
@@ -165,9 +170,7 @@ def module_reference(module: torch.nn.Module, graph: Graph, cfg: OptimizeConfig,
 
     if torch.device(cfg.device).type != "cpu" or module.training:
         return None
-    rng = np.random.default_rng(cfg.seed + 1)
-    feeds = {n: torch.as_tensor(rng.standard_normal(s).astype(np.float32), device=cfg.device)
-             for n, s in graph.inputs}
+    feeds = random_feeds(graph, cfg)
 
     def run(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         try:

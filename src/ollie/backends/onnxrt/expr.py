@@ -163,21 +163,30 @@ class _Scope(ScopeReads):
         used = parts[0][1].digits
         return self.joined(parts, tuple(n if a in used else 1 for a, n in enumerate(self.grid)))
 
+    def _scaled(self) -> tuple[Node, float] | None:
+        """``(x, a)`` when the body is ``x * a`` (either order) with a constant ``a``."""
+        body = self.scope.body
+        if not (isinstance(body, BinOp) and body.op == "*"):
+            return None
+        for x, a in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+            if isinstance(a, Const):
+                return x, a.value
+        return None
+
     def _global_average(self) -> str | None:
         """``L<a, b> Sum<r, s> f(...) * (1 / (R S))`` (two traversal axes, or four whose last
         two have size 1: a pooled ``[N, C, 1, 1]``, EfficientNet's squeeze-excitation), then
         the two summation axes, as ``f`` over the grid and one ONNX ``GlobalAveragePool``
         (ONNX Runtime keeps its blocked layout through it; a ``Mul`` and a ``ReduceSum``
         leave it); else None."""
-        body, scope = self.scope.body, self.scope
+        scope, scaled = self.scope, self._scaled()
         nt = len(scope.traversal)
         if nt not in (2, 4) or len(scope.summation) != 2 or self.grid[2:nt] not in ((), (1, 1)) \
-                or not (isinstance(body, BinOp) and body.op == "*"):
+                or scaled is None:
             return None
-        inner, scale = (body.lhs, body.rhs) if isinstance(body.rhs, Const) else \
-            (body.rhs, body.lhs)
+        inner, scale = scaled
         pooled = self.grid[nt:]
-        if not isinstance(scale, Const) or abs(scale.value * math.prod(pooled) - 1.0) > 1e-6:
+        if abs(scale * math.prod(pooled) - 1.0) > 1e-6:
             return None
         value = self.value(inner)
         if isinstance(value, float) or self.b.shapes[value] != self.grid:
@@ -191,18 +200,15 @@ class _Scope(ScopeReads):
         input ``X`` of ``k*H x k*W`` (a ``k x k`` average pool, stride ``k``) as one ONNX
         ``AveragePool``, which ONNX Runtime keeps in its blocked layout (DenseNet's
         transitions); else None."""
-        scope, body = self.scope, self.scope.body
+        scope, scaled = self.scope, self._scaled()
         if len(self.grid) != 6 or len(scope.summation) != 2 or \
-                any(it.lo != 0 for it in self.iters) or \
-                not (isinstance(body, BinOp) and body.op == "*"):
+                any(it.lo != 0 for it in self.iters) or scaled is None:
             return None
-        acc, scale = (body.lhs, body.rhs) if isinstance(body.rhs, Const) else \
-            (body.rhs, body.lhs)
+        acc, scale = scaled
         n, c, h, w, r, s = (it.name for it in self.iters)
         k = self.iters[4].size
         if not isinstance(acc, Access) or isinstance(acc.source, Scope) or \
-                not isinstance(scale, Const) or self.iters[5].size != k or \
-                abs(scale.value * k * k - 1.0) > 1e-6:
+                self.iters[5].size != k or abs(scale * k * k - 1.0) > 1e-6:
             return None
         want = [var(n), var(c), k * var(h) + var(r), k * var(w) + var(s)]
         src = self.sources[acc.source]
