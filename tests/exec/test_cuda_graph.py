@@ -61,3 +61,9 @@ def test_function_that_cannot_be_captured_runs_as_it_is():
     for _ in range(3):
         torch.testing.assert_close(fn(), x * 15.0)
     assert not fn.captured and fn.failed
+    # the failed capture left the device's random generator usable, and as seeded
+    assert not cuda_graph.release_rng()
+    torch.manual_seed(3)
+    a = torch.randn(5, device="cuda")
+    torch.manual_seed(3)
+    torch.testing.assert_close(torch.randn(5, device="cuda"), a)
