@@ -47,3 +47,8 @@ def check_settings(owner: str, checks: dict[str, tuple[object, bool, str]]) -> N
     for name, (value, ok, want) in checks.items():
         if not ok:
             raise ConfigError(f"{owner}.{name} must be {want}, got {value!r}")
+
+
+class InternalError(OllieError):
+    """An unexpected failure inside Ollie (a bug): the message names the cause; the original
+    exception is chained (``__cause__``)."""

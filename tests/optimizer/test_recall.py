@@ -2,7 +2,7 @@
 same model with the same settings returns the first one's program, checked again (against
 the module itself), without optimising; another weight or setting is another entry; an entry
 that disagrees with the model or is malformed is removed; the least recently used entries
-go."""
+go; a torch module's entry is found by the module's own key without importing it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -21,7 +22,9 @@ from ollie.optimizer import model as optimizer_model
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import program_digest
 from ollie.optimizer.importing import to_graph
+from ollie.optimizer.module_key import module_key
 from ollie.program.program import Program
+from ollie.settings import current, using
 
 FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,
             total_budget=None)
@@ -163,3 +166,93 @@ def test_the_module_reference_is_the_modules_output_or_none():
             raise RuntimeError("not these inputs")
 
     assert final.module_reference(Broken(), graph, cfg, (x,)) is None
+
+
+def test_a_warm_run_finds_the_program_by_the_modules_key_without_importing_it(
+        ollie_settings, tmp_path, monkeypatch):
+    """:func:`recall.recalled_module`: the entry records the module's key; a second run finds
+    it by that key, checks it against the module and never imports the module again."""
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    cold = ollie.optimize(m, (x,), **FAST)
+    (key,) = _entries(tmp_path)
+    mkey = module_key(m, (x,), OptimizeConfig(**FAST))
+    assert (tmp_path / recall.FOLDER / key / recall.MODULE_KEY).read_text() == mkey
+    _no_optimising(monkeypatch)
+
+    def no_import(*args, **kwargs):
+        raise AssertionError("the module was imported again")
+
+    monkeypatch.setattr(optimizer_model, "to_graph", no_import)
+    warm = ollie.optimize(m, (x,), **FAST)
+    assert program_digest(warm.program) == program_digest(cold.program)
+    assert warm.input_names == cold.input_names
+    assert "found by the module's own key" in warm.notes[-2]
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+        # another module of the same shapes is not found by this key: it is imported
+        other, _ = _model(seed=1)
+    with pytest.raises(ollie.OllieError, match="imported again"):
+        ollie.optimize(other, (x,), **FAST)
+
+
+def test_an_entry_found_by_an_older_graph_key_records_the_module_key(
+        ollie_settings, tmp_path):
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    ollie.optimize(m, (x,), **FAST)
+    (key,) = _entries(tmp_path)
+    marker = tmp_path / recall.FOLDER / key / recall.MODULE_KEY
+    marker.unlink()  # an entry stored before module keys were recorded
+    warm = ollie.optimize(m, (x,), **FAST)
+    assert "found by the module's own key" not in warm.notes[-2]
+    assert marker.read_text() == module_key(m, (x,), OptimizeConfig(**FAST))
+
+
+def test_the_module_key_changes_with_what_the_module_computes():
+    m, x = _model()
+    cfg = OptimizeConfig(**FAST)
+    key = module_key(m, (x,), cfg)
+    assert key is not None and module_key(m, x, cfg) == key  # a lone tensor is one input
+    assert module_key(_model()[0], (x,), cfg) == key  # the same module built again
+    assert module_key(m, (x,), replace(cfg, time_budget=6.0)) != key
+    assert module_key(m, (torch.randn(2, 4, 10, 10),), cfg) != key
+    assert module_key(m, (x.double(),), cfg) != key
+    swapped, _ = _model()
+    swapped[3] = nn.Tanh()  # another class, no weights
+    assert module_key(swapped, (x,), cfg) != key
+    strided, _ = _model()
+    strided[2].stride = (2, 2)  # an attribute, no weights
+    assert module_key(strided, (x,), cfg) != key
+    with torch.no_grad():
+        m[2].weight[0, 0, 0, 0] += 1e-3
+    assert module_key(m, (x,), cfg) != key
+    # no key where it could name the wrong thing
+    assert module_key(m.train(), (x,), cfg) is None
+    m.eval()
+    handle = m[1].register_forward_hook(lambda mod, a, out: out * 2)
+    assert module_key(m, (x,), cfg) is None
+    handle.remove()
+    assert module_key(m, (x, 3.0), cfg) is None and module_key(m, None, cfg) is None
+
+
+def test_a_program_found_by_the_modules_key_runs_with_the_stored_choices(
+        ollie_settings, tmp_path, monkeypatch):
+    """The lookup by the module's key, which builds and runs the recalled program, runs where
+    the choices among implementations are read from the cache (``Settings.choice_store``), as
+    the lookup by the graph's key does: a new process does not measure them again."""
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    ollie.optimize(m, (x,), **FAST)
+    stores: list[object] = []
+    real = recall.recalled_module
+
+    def seeing(*args, **kwargs):
+        stores.append(current().choice_store)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer_model, "recalled_module", seeing)
+    with using(choices={}):  # what a new process has: an empty table
+        warm = ollie.optimize(m, (x,), **FAST)
+    assert "found by the module's own key" in warm.notes[-2]
+    assert len(stores) == 1 and stores[0] is not None

@@ -71,6 +71,15 @@ def may_return_view(k: Kernel) -> bool:
         not p.activation and not p.residual
 
 
+def _constant(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A program constant on ``device``; on the CPU a writable, C-contiguous array is shared,
+    not copied (a program's weights are read, never written, by its kernels)."""
+    if device.type == "cpu" and a.flags.writeable and a.flags.c_contiguous and \
+            a.dtype.isnative:
+        return torch.from_numpy(a)
+    return torch.tensor(a, device=device)
+
+
 class CompiledProgram:
     """A program ready to run: ``compiled(*inputs)`` or ``compiled.run({name: tensor})``."""
 
@@ -92,7 +101,7 @@ class CompiledProgram:
         self.device = torch.empty(0, device=device).device
         self.backend = backend or ("cuda" if self.device.type == "cuda" else "cpu")
         self.input_shapes = [(n, torch.Size(s)) for n, s in program.inputs]
-        self.constants = {n: torch.tensor(constant_array(v), device=self.device)
+        self.constants = {n: _constant(constant_array(v), self.device)
                           for n, v in program.constants.items()}
         self.spins = False  # an ONNX Runtime region's threads busy-wait after a run
         self.followers: set[int] = set()  # a region's kernels after its first: nothing to run

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ollie.caches import release_caches
-from ollie.errors import OllieError
+from ollie.errors import InternalError, OllieError
 from ollie.exec.conv import TORCH
 from ollie.exec.dispatch import precompile_programs
 from ollie.fingerprint import fingerprint
@@ -49,7 +49,7 @@ from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.multinode import MultiNode, cause
 from ollie.optimizer.outcome import Outcome, cached_outcome
 from ollie.optimizer.plausible import original_seconds, plausible
-from ollie.optimizer.recall import remembered
+from ollie.optimizer.recall import key_of, recalled_module, remembered
 from ollie.optimizer.region import MergeOutcome, Part
 from ollie.optimizer.regions import RegionOutcome
 from ollie.optimizer.rename import canonical_names, rename_kernels
@@ -374,11 +374,6 @@ class _Optimizer(MultiNode):
                        unconfirmed=sel.unconfirmed)
 
 
-class InternalError(OllieError):
-    """An unexpected failure inside Ollie (a bug): the message names the cause; the original
-    exception is chained (``__cause__``)."""
-
-
 def optimize(model: object, example_inputs: Sequence[torch.Tensor] | None = None,
              device: str = "cpu", config: OptimizeConfig | None = None,
              progress: Callable[[str, int, int], None] | None = None, **overrides: Any
@@ -424,16 +419,21 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
               ) -> OptimizedModel:
     t0 = time.perf_counter()
     budget = Budget(cfg.total_budget, cfg.time_budget, current().budget_clock)
+    module = model if isinstance(model, torch.nn.Module) else None
+    mkey = key_of(module, example_inputs, cfg)
     # every phase in the budget; once it is spent, no new library choice is measured; the
     # choices measured are kept in the cache for the next process (tune.cache.choice_store)
     with using(new_choices=budget.may_choose,
                choice_store=choice_store(cfg.use_cache, cfg.device)):
+        hit = None if module is None else \
+            recalled_module(module, mkey, example_inputs, cfg, t0)
+        if hit is not None:  # found by the module's own key: not imported again
+            return hit
         with budget.phase("import"):  # checked against a module unless its program is recalled
             graph = to_graph(model, example_inputs, check=False)
-        module = model if isinstance(model, torch.nn.Module) else None
         return remembered(graph, cfg, example_inputs, lambda: _optimize_graph(
             checked_import(graph, model, example_inputs), cfg, progress, example_inputs,
-            budget, t0), t0, module)
+            budget, t0), t0, module, mkey)
 
 
 def _optimize_graph(graph: Graph, cfg: OptimizeConfig,

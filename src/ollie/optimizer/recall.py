@@ -11,6 +11,9 @@ program. This cache makes a warm run return exactly the cold run's program, chec
   shapes, every weight's bytes), the optimisation settings, the device description
   (:func:`ollie.tune.cache.device_key`, which carries the runtime version and the
   implementation policy) and Ollie's version.
+* :func:`~ollie.optimizer.module_key.module_key`: for a torch module, a digest of the module
+  itself, recorded in its entry; :func:`recalled_module` finds the entry by it before the
+  module is imported (``torch.export`` is most of a warm run's time otherwise).
 * :func:`store` saves a program with its report into ``<cache>/programs/<key>``
   (:meth:`ollie.optimizer.report.OptimizedModel.save`: data only), written to a scratch
   folder and renamed into place; the least recently used entries beyond
@@ -25,19 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from ollie.cachedir import cache_root
@@ -46,11 +44,11 @@ from ollie.exec.executor import CompiledProgram
 from ollie.frontend.torch_import import IMPORT_RTOL
 from ollie.graph.ir import Graph
 from ollie.optimizer.config import OptimizeConfig
-from ollie.optimizer.final import agrees, confirm, module_reference, reference
+from ollie.optimizer.final import Reference, agrees, confirm, module_reference, reference
+from ollie.optimizer.module_key import feed, module_key, settings_digest
 from ollie.optimizer.report import OptimizedModel, SubprogramReport, read_saved
 from ollie.program.program import Program
 from ollie.settings import current
-from ollie.tune.cache import device_key
 
 log = logging.getLogger(__name__)
 
@@ -60,78 +58,89 @@ MAX_ENTRIES = 16
 """At most this many models' programs are kept (the least recently used go first)."""
 MAX_BYTES = 2 << 30
 """At most this many bytes of programs (mostly their weights) are kept."""
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+MODULE_KEY = "module.key"
+"""An entry's file holding the key of the torch module its program was made for."""
 
 
 def model_key(graph: Graph, cfg: OptimizeConfig) -> str:
     """The digest naming ``graph`` optimised with ``cfg`` on this device (see the module)."""
-    h = hashlib.blake2b(digest_size=20)
-    settings = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-    _feed(h, ("ollie", _version(), device_key(cfg.device), settings))
-    _feed(h, (graph.inputs, graph.outputs, graph.dtypes))
+    h = hashlib.sha256()
+    settings_digest(h, cfg)
+    feed(h, (graph.inputs, graph.outputs, graph.dtypes))
     for node in graph.nodes:
-        _feed(h, (node.op, node.inputs, node.outputs, node.attrs))
+        feed(h, (node.op, node.inputs, node.outputs, node.attrs))
     for name in sorted(graph.initializers):
-        _feed(h, (name, graph.initializers[name]))
-    return h.hexdigest()
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("ollie")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return "source"
-
-
-def _feed(h: Any, value: object) -> None:
-    """Add ``value`` to the digest ``h``: arrays and tensors by dtype, shape and bytes,
-    containers element by element, anything else by its text (memory addresses removed, so
-    that a callable is named by what it is)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy() if value.device.type != "meta" else repr(value)
-    if isinstance(value, np.ndarray):
-        h.update(f"array{value.dtype}{value.shape}".encode())
-        h.update(np.ascontiguousarray(value))  # the buffer itself: no copy when contiguous
-    elif isinstance(value, dict):
-        h.update(b"{")
-        for k in sorted(value, key=str):
-            _feed(h, k)
-            _feed(h, value[k])
-        h.update(b"}")
-    elif isinstance(value, (list, tuple)):
-        h.update(b"(")
-        for v in value:
-            _feed(h, v)
-        h.update(b")")
-    elif hasattr(value, "SerializeToString"):  # an ONNX node of an opaque operator
-        h.update(value.SerializeToString())
-    else:
-        h.update(_ADDRESS.sub("", repr(value)).encode())
-        h.update(b";")
+        feed(h, (name, graph.initializers[name]))
+    return h.hexdigest()[:40]
 
 
 def remembered(graph: Graph, cfg: OptimizeConfig,
                examples: Sequence[object] | torch.Tensor | None,
                make: Callable[[], OptimizedModel], t0: float | None = None,
-               module: torch.nn.Module | None = None) -> OptimizedModel:
+               module: torch.nn.Module | None = None, mkey: str | None = None
+               ) -> OptimizedModel:
     """The program stored for ``graph`` and ``cfg`` (:func:`recalled`; ``t0``: when this run
     started, for its note; ``module``: the torch module ``graph`` was imported from) when
     ``cfg.use_cache`` and the settings' :attr:`~ollie.settings.Settings.recall_programs`
     allow it and it passes its check; else ``make()``, stored for the next run unless some
     decision of it was not cached (a note says ``not cached``: measured on a busy machine and
-    not confirmed), so that the next run decides again rather than repeat it."""
+    not confirmed), so that the next run decides again rather than repeat it. The entry also
+    records ``mkey``, the module's key (:func:`key_of`), which :func:`recalled_module` finds
+    it by."""
     if not cfg.use_cache or not current().recall_programs:
         return make()
     key = model_key(graph, cfg)
     hit = recalled(graph, cfg, key, examples, module)
     if hit is not None:
+        if mkey is not None:
+            _mark(_folder() / key, mkey)
         if t0 is not None:
             hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
         return hit
     result = make()
     if not any("not cached" in n for n in result.notes):
-        store(key, result)
+        store(key, result, mkey)
     return result
+
+
+def recalled_module(module: torch.nn.Module, mkey: str | None,
+                    examples: Sequence[object] | torch.Tensor | None, cfg: OptimizeConfig,
+                    t0: float | None = None) -> OptimizedModel | None:
+    """The program stored for ``module`` on inputs like ``examples`` with ``cfg``, found by
+    ``mkey``, its key (:func:`key_of`), without importing the module, when it matches the
+    module itself on the check's random inputs and on the example inputs; None when the cache
+    is off, ``mkey`` is None or names no entry, or the module cannot be run as the check's
+    reference (the caller then imports it and looks up the graph's key). A program that
+    fails the check is removed (a warning)."""
+    if not cfg.use_cache or not current().recall_programs:
+        return None
+    key = None if mkey is None else _find(mkey)
+    found = None if key is None else recall(key)
+    if key is None or found is None:
+        return None
+    prog = found[0]
+    shapes = prog.tensor_shapes()
+    signature = Graph(list(prog.inputs), list(prog.outputs), [],
+                      shapes={n: shapes[n] for n in (*dict(prog.inputs), *prog.outputs)})
+    ref = module_reference(module, signature, cfg, examples, IMPORT_RTOL)
+    if ref is None:
+        return None
+    hit = _checked(key, found, ref, cfg, signature,
+                   "; found by the module's own key, without importing it")
+    if hit is not None and t0 is not None:
+        hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
+    return hit
+
+
+def key_of(module: torch.nn.Module | None, examples: Sequence[object] | torch.Tensor | None,
+           cfg: OptimizeConfig) -> str | None:
+    """``module``'s :func:`~ollie.optimizer.module_key.module_key` where the cache may recall
+    a program by it: with the cache on, on the CPU (where a recalled program is checked
+    against the module itself, :func:`~ollie.optimizer.final.module_reference`); else None."""
+    if module is None or torch.device(cfg.device).type != "cpu" or not cfg.use_cache or \
+            not current().recall_programs:
+        return None
+    return module_key(module, examples, cfg)
 
 
 def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
@@ -144,13 +153,22 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
     import check's allowance more (:func:`~ollie.optimizer.final.module_reference`): the
     graph of a model whose program was stored passed that check, and a warm run does not
     repeat it. Its ONNX Runtime regions are not checked one by one: the check covers them."""
-    t0 = time.perf_counter()
     found = recall(key)
     if found is None:
         return None
-    prog, report, notes = found
     ref = (module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
            else None) or reference(graph, cfg, [], examples)
+    return _checked(key, found, ref, cfg, graph)
+
+
+def _checked(key: str, found: tuple[Program, list[SubprogramReport], list[str]],
+             ref: Reference, cfg: OptimizeConfig, graph: Graph,
+             how: str = "") -> OptimizedModel | None:
+    """The recalled entry ``found`` (stored under ``key``) as an :class:`OptimizedModel` of
+    ``graph``'s inputs when it passes the check against ``ref`` (``how`` ends its note);
+    else None, and the entry is removed."""
+    t0 = time.perf_counter()
+    prog, report, notes = found
     try:
         ref.built[id(prog)] = CompiledProgram(prog, cfg.device, check_regions=False)
     except Exception as exc:  # not used: the check below builds it again and reports why
@@ -164,7 +182,7 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
              for n in notes]
     notes.append(f"the program an earlier run made for this model with these settings (from "
                  f"the cache, {key[:12]}; the notes above are that run's), checked again on "
-                 f"random and example inputs in {time.perf_counter() - t0:.1f} s")
+                 f"random and example inputs in {time.perf_counter() - t0:.1f} s{how}")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device,
                           compiled=ref.compiled(prog, cfg.device))
 
@@ -194,14 +212,17 @@ def forget(key: str) -> None:
     shutil.rmtree(_folder() / key, ignore_errors=True)
 
 
-def store(key: str, model: OptimizedModel) -> None:
-    """Keep ``model`` under ``key``; a failure to write logs and leaves the cache as it was."""
+def store(key: str, model: OptimizedModel, mkey: str | None = None) -> None:
+    """Keep ``model`` under ``key`` (with ``mkey``, the module's key, to find it by); a
+    failure to write logs and leaves the cache as it was."""
     folder = _folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".new-", dir=folder))
         try:
             model.save(scratch)
+            if mkey is not None:
+                (scratch / MODULE_KEY).write_text(mkey)
             os.replace(scratch, folder / key)
         except OSError:  # another process stored the same key first
             if not (folder / key / "program.json").is_file():
@@ -211,6 +232,37 @@ def store(key: str, model: OptimizedModel) -> None:
         _evict(folder)
     except (OSError, OllieError) as exc:  # another process removing entries, a full disk
         log.info("optimised program not cached (%s)", exc)
+
+
+def _mark(entry: Path, mkey: str) -> None:
+    """Record ``mkey`` in the stored ``entry`` (found by its graph's key), for
+    :func:`recalled_module`; a failure to write only logs."""
+    try:
+        if (entry / MODULE_KEY).read_text() == mkey:
+            return
+    except OSError:
+        pass
+    try:
+        tmp = entry / f".{MODULE_KEY}.{os.getpid()}"
+        tmp.write_text(mkey)
+        os.replace(tmp, entry / MODULE_KEY)
+    except OSError as exc:  # removed meanwhile by another process, a read-only cache
+        log.info("module key not recorded (%s)", exc)
+
+
+def _find(mkey: str) -> str | None:
+    """The key of the stored entry recording the module key ``mkey``, or None."""
+    try:
+        entries = list(_folder().iterdir())
+    except OSError:
+        return None
+    for p in entries:
+        try:
+            if not p.name.startswith(".") and (p / MODULE_KEY).read_text() == mkey:
+                return p.name
+        except OSError:  # no module key recorded, or removed meanwhile
+            continue
+    return None
 
 
 def _evict(folder: Path, now: Callable[[], float] = time.time) -> None:
@@ -236,5 +288,5 @@ def _evict(folder: Path, now: Callable[[], float] = time.time) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-__all__ = ["FOLDER", "MAX_BYTES", "MAX_ENTRIES", "forget", "model_key", "recall", "recalled",
-           "remembered", "store"]
+__all__ = ["FOLDER", "MAX_BYTES", "MAX_ENTRIES", "MODULE_KEY", "forget", "key_of", "model_key",
+           "recall", "recalled", "recalled_module", "remembered", "store"]
