@@ -1,6 +1,7 @@
 """The register-blocked grouped products (:mod:`ollie.kernels.blocked_gemm`) agree with a
 float64 reference on random inputs for any number of rows (the 6/4/2/1 row blocks), groups,
-channels and output panels, and refuse shapes they do not handle."""
+channels and output panels, and refuse shapes they do not handle; the kernel is one numba's
+disk cache can give a new process."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def test_output_channels_must_fill_whole_panels_and_shapes_must_match() -> None:
         run(torch.randn(3, 2, 9), torch.empty(3, 2, 16))
     with pytest.raises(ValueError, match="contiguous"):
         run(torch.randn(2, 3, 8).transpose(0, 1), torch.empty(3, 2, 16))
+
+
+def test_the_kernel_is_a_function_numba_can_find_in_its_disk_cache() -> None:
+    """numba keys a cached function that closes over variables by their serialized form,
+    which for the micro-kernels (intrinsics) differs in every process: the kernel must read
+    them as module globals, so that a new process loads it instead of compiling it again."""
+    kernel = blocked_gemm._kernel()
+    assert kernel.py_func.__closure__ is None
+    assert kernel._cache.__class__.__name__ != "NullCache"  # cache=True is in effect

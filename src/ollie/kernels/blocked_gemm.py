@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,6 +114,12 @@ def _micro_kernel(rows: int):  # type: ignore[no-untyped-def]
     return mk
 
 
+# the parallel function's micro-kernels and numba's prange, set by _build_kernel
+_prange: Any = None
+_mk6: Any = None
+_mk4: Any = None
+_mk2: Any = None
+_mk1: Any = None
 _KERNEL: list[Callable[..., None]] = []
 _LOCK = threading.Lock()
 
@@ -122,7 +129,10 @@ def _kernel() -> Callable[..., None]:
     ``[T, G, C]``, ``U`` ``[G, KB, C, NB]`` (packed panels), ``O`` ``[T, G, KB*NB]``; one job
     per (group, panel), its rows in blocks of :data:`ROW_BLOCKS`. Built on first use, once
     per process, under a lock; numba's on-disk cache keeps the machine code between
-    processes."""
+    processes. The function reads its micro-kernels as globals of this module, not as
+    closure variables: numba keys a cached closure by its variables' serialized form, which
+    for an intrinsic differs in every process (each process compiled the kernel again and
+    added one more entry to the cache)."""
     with _LOCK:
         if not _KERNEL:
             _KERNEL.append(_build_kernel())
@@ -133,27 +143,32 @@ def _build_kernel() -> Callable[..., None]:
     """The function :func:`_kernel` returns, built."""
     from numba import njit, prange
 
-    mk6, mk4, mk2, mk1 = (_micro_kernel(r) for r in ROW_BLOCKS)
+    module = globals()
+    module.update(_prange=prange, **{f"_mk{r}": _micro_kernel(r) for r in ROW_BLOCKS})
 
     @njit(parallel=True, cache=True)
     def products(v, u, o, t, g, c, kb):  # type: ignore[no-untyped-def]
         k = kb * NB
-        for job in prange(g * kb):
+        for job in _prange(g * kb):
             gi = job // kb
             pi = job - gi * kb
             iu = (gi * kb + pi) * c * NB
             r0 = 0
             while r0 + 6 <= t:
-                mk6(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB, c, g * c, g * k)
+                _mk6(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB,
+                     c, g * c, g * k)
                 r0 += 6
             if r0 + 4 <= t:
-                mk4(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB, c, g * c, g * k)
+                _mk4(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB,
+                     c, g * c, g * k)
                 r0 += 4
             if r0 + 2 <= t:
-                mk2(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB, c, g * c, g * k)
+                _mk2(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB,
+                     c, g * c, g * k)
                 r0 += 2
             if r0 < t:
-                mk1(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB, c, g * c, g * k)
+                _mk1(v, u, o, (r0 * g + gi) * c, iu, (r0 * g + gi) * k + pi * NB,
+                     c, g * c, g * k)
 
     return products
 
