@@ -12,7 +12,7 @@ collected object that holds another CUDA graph would reset it mid-capture and in
 capture. A capture that fails can leave PyTorch's default CUDA random generator marked as
 capturing (its capture end raised before the generator's epilogue), after which every random
 operator on the device raises ("Offset increment outside graph capture"): :func:`release_rng`
-then gives the generator a fresh state with the same seed and offset.
+then gives the current device's generator a fresh state with the same seed and offset.
 
 The settings' ``cuda_graphs`` (:mod:`ollie.settings`; ``OLLIE_CUDA_GRAPHS=0`` in the
 environment) turns capture off everywhere (:func:`enabled`, from :mod:`ollie.tune.graphs`).
@@ -82,21 +82,22 @@ class Graphed(Generic[T]):
 
 
 def release_rng() -> bool:
-    """Give each CUDA device's default random generator a fresh state (same seed and offset)
-    when a failed capture left it marked as capturing, which a one-number random draw shows;
-    True when one was. A graph captured earlier with random operators keeps the old state
-    object (PyTorch's ``graphsafe_set_state``)."""
-    released = False
-    for i, gen in enumerate(torch.cuda.default_generators):
-        try:
-            torch.empty(1, device=f"cuda:{i}").uniform_()
-        except RuntimeError as exc:
-            if "graph capture" not in str(exc) or not hasattr(gen, "graphsafe_set_state"):
-                raise
-            gen.graphsafe_set_state(gen.clone_state())
-            released = True
-            log.info("cuda:%d's random generator released after a failed capture", i)
-    return released
+    """Give the current CUDA device's default random generator a fresh state (same seed and
+    offset) when a failed capture left it marked as capturing, which a one-number random draw
+    shows (the draw advances the offset); True when it was. A graph captured earlier with
+    random operators keeps the old state object (PyTorch's ``graphsafe_set_state``). Other
+    devices are not touched (a draw would create a context on each)."""
+    i = torch.cuda.current_device()
+    gen = torch.cuda.default_generators[i]
+    try:
+        torch.empty(1, device=f"cuda:{i}").uniform_()
+    except RuntimeError as exc:
+        if "graph capture" not in str(exc) or not hasattr(gen, "graphsafe_set_state"):
+            raise
+        gen.graphsafe_set_state(gen.clone_state())
+        log.info("cuda:%d's random generator released after a failed capture", i)
+        return True
+    return False
 
 
 __all__ = ["Graphed", "enabled", "release_rng"]
