@@ -102,9 +102,12 @@ def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor 
     """The digest naming ``module`` called on inputs like ``inputs`` and optimised with
     ``cfg`` (see the module docstring); None where it names nothing reliably: a module in
     training mode, one with forward hooks, inputs that are not all tensors."""
-    given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs or ())
-    tensors = [x for x in given if isinstance(x, torch.Tensor)]
-    if inputs is None or len(tensors) != len(given) or module.training or _hooked(module):
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)) or module.training or _hooked(module):
+        return None  # (the import says what is wrong with inputs of another kind)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(inputs):
         return None
     h = hashlib.sha256()
     settings_digest(h, cfg)
