@@ -12,7 +12,9 @@ calls without idle time (measured: docs/design/002-measurement-protocol.md):
 
 * PyTorch eager under ``torch.inference_mode``;
 * ``torch.compile`` with frozen weights (``torch._inductor.config.freezing = True``) as users
-  run it for inference, warmed up first (a failure is recorded, not fatal);
+  run it for inference, warmed up first (a failure is recorded, not fatal), in
+  ``compile_mode`` (``--compile-mode``; default: ``"default"`` on the CPU, ``"max-autotune"``
+  on CUDA, which autotunes its GEMM and convolution kernels and replays CUDA graphs);
 * ONNX Runtime on the ``ollie.frontend.to_onnx`` export (all optimisations, threads = cores);
   the Longformer layer's ``ollie.G2BMM`` / ``ollie.GBMM`` custom operators have no ORT kernel,
   so it is "n/a" there;
@@ -220,7 +222,7 @@ def _too_big(name: str, batch: int) -> str | None:
 
 def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
             device: str = "cpu", repeats: int = 1, attribution: bool = False,
-            total_budget: float | str | None = "auto") -> dict:
+            total_budget: float | str | None = "auto", compile_mode: str = "default") -> dict:
     """One model and batch: build, check, optimise and time every system (``repeats``
     timings in a row, see :func:`timed`); with ``attribution``, also the programs of
     :mod:`ollie.bench.attribution`. ``budget``: search seconds per distinct subprogram;
@@ -254,16 +256,17 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
     # torch.compile with frozen weights, warmed up
     try:
         torch._dynamo.reset()
-        compiled = torch.compile(module)
+        compiled = torch.compile(module, mode=compile_mode)
         t0 = time.perf_counter()
-        # frozen while it compiles (on the first calls), without changing the process's config
+        # frozen while it compiles (on the first calls), without changing the process's config;
+        # the output copied before the next call, which may replay into the same buffers
         with torch._inductor.config.patch(freezing=True), torch.inference_mode():
-            got = compiled(*inputs)
+            got = compiled(*inputs).cpu()
             compiled(*inputs)
         row["compile_s"] = time.perf_counter() - t0
         row["errors"]["torch.compile"] = rel_err(got.cpu(), ref)
         fns["torch.compile"] = lambda: compiled(*inputs)
-        log(f"  torch.compile: compiled and warmed up in {row['compile_s']:.1f} s")
+        log(f"  torch.compile ({compile_mode}): compiled and warmed up in {row['compile_s']:.1f} s")
     except Exception as e:  # a peer's failure is a result
         notes.append(f"torch.compile failed: {_first_line(e)}")
     # ONNX Runtime
@@ -367,7 +370,7 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
          attribution: bool = False, total_budget: float | str | None = "auto",
-         cpu_time: bool = False) -> int:
+         cpu_time: bool = False, compile_mode: str | None = None) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
@@ -398,20 +401,22 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="ollie-bench-cache-"))
     with using(cache_dir=cache, **changes):
         return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
-                        attribution, total_budget, cpu_time)
+                        attribution, total_budget, cpu_time, compile_mode=compile_mode or (
+                            "default" if device == "cpu" else "max-autotune"))
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
              repeats: int, attribution: bool = False,
-             total_budget: float | str | None = "auto", cpu_time: bool = False) -> int:
+             total_budget: float | str | None = "auto", cpu_time: bool = False,
+             compile_mode: str = "default") -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
     info["precision"] = fp32_everywhere(device)
     info.update(threads=torch.get_num_threads(), matmul_flops=matmul_rate(device=device),
                 copy_bytes=copy_bandwidth(device), budget=budget, total_budget=total_budget,
-                clock="thread CPU time" if cpu_time else "wall")
+                clock="thread CPU time" if cpu_time else "wall", compile_mode=compile_mode)
     log(f"{info['cpu']}, {info['cores']} cores, {info['threads']} threads: matmul "
         f"{info['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {info['copy_bytes'] / 1e9:.1f} GB/s, "
         f"load {info['loadavg_start']}")
@@ -433,7 +438,7 @@ def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: 
             try:
                 row = ({"model": name, "batch": batch, "skipped": why} if why else
                        run_one(name, batch, budget, info, log, device, repeats, attribution,
-                               total_budget))
+                               total_budget, compile_mode))
             except Exception as e:  # keep going, say what broke
                 import traceback
 

@@ -114,7 +114,8 @@ def markdown(rows: list[dict], info: dict) -> str:
              f"at start, {info.get('loadavg_end', float('nan')):.2f} at end. Search budget "
              f"{info['budget']:g} s per distinct subprogram"
              + (f", {_seconds(info['total_budget'])} per model" if info.get("total_budget") else "")
-             + f". {info.get('precision', '')}"
+             + f". torch.compile mode '{info.get('compile_mode', 'default')}', weights frozen."
+             + f" {info.get('precision', '')}"
              + (" Every time is CPU time of the calling thread, every system on that one "
                 "thread (--cpu-time)." if info.get("clock") == "thread CPU time" else ""),
              "",

@@ -79,6 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the vendor libraries only (0), derived programs on them (a) and the "
                         "original operators on Ollie's kernel library (b); the report gets "
                         "their speedups over (0) next to Ollie's (c)")
+    m.add_argument("--compile-mode", default=None,
+                   choices=("default", "reduce-overhead", "max-autotune",
+                            "max-autotune-no-cudagraphs"),
+                   help="torch.compile's mode for its peer (default: 'default' on the CPU, "
+                        "'max-autotune' on CUDA)")
     m.add_argument("--cpu-time", action="store_true",
                    help="time by the CPU time of the calling thread, every system on one "
                         "thread (implies --threads 1; CPU only): on a machine that other "
@@ -109,5 +114,5 @@ def run(args: argparse.Namespace) -> int:
                            args.budget, args.out, args.keep, args.cache_dir,
                            args.threads, device=args.device, repeats=args.repeats,
                            attribution=args.attribution, total_budget=args.time_budget,
-                           cpu_time=args.cpu_time)
+                           cpu_time=args.cpu_time, compile_mode=args.compile_mode)
     raise AssertionError(args.bench)
