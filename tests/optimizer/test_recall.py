@@ -236,6 +236,20 @@ def test_the_module_key_changes_with_what_the_module_computes():
     assert module_key(m, (x, 3.0), cfg) is None and module_key(m, None, cfg) is None
 
 
+def test_the_module_key_does_not_depend_on_a_sets_iteration_order():
+    # 8 and 16 share a slot of a small set's table, so the order they were added in is the
+    # order they come out in; strings behave so across processes (PYTHONHASHSEED), and
+    # transformers' models hold sets of strings (_no_split_modules)
+    assert list({8, 16}) != list(set([16, 8]))
+    cfg = OptimizeConfig(**FAST)
+    keys = []
+    for order in ([8, 16], [16, 8]):
+        m, x = _model()
+        m[2].kinds = set(order)
+        keys.append(module_key(m, (x,), cfg))
+    assert keys[0] == keys[1] is not None
+
+
 def test_a_program_found_by_the_modules_key_runs_with_the_stored_choices(
         ollie_settings, tmp_path, monkeypatch):
     """The lookup by the module's key, which builds and runs the recalled program, runs where

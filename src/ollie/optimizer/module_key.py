@@ -47,8 +47,9 @@ def version() -> str:
 
 def feed(h: Any, value: object) -> None:
     """Add ``value`` to the digest ``h``: arrays and tensors by dtype, shape and bytes,
-    containers element by element, anything else by its text (memory addresses removed, so
-    that a callable is named by what it is)."""
+    containers element by element (sets in the order of their elements' text, which holds
+    across processes), anything else by its text (memory addresses removed, so that a
+    callable is named by what it is)."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy() if value.device.type != "meta" else repr(value)
     if isinstance(value, np.ndarray):
@@ -60,6 +61,11 @@ def feed(h: Any, value: object) -> None:
             feed(h, k)
             feed(h, value[k])
         h.update(b"}")
+    elif isinstance(value, (set, frozenset)):  # in an order that does not depend on the
+        h.update(b"set(")                      # process's string hashing (PYTHONHASHSEED)
+        for v in sorted(value, key=_text):
+            feed(h, v)
+        h.update(b")")
     elif isinstance(value, (list, tuple)):
         h.update(b"(")
         for v in value:
@@ -68,8 +74,13 @@ def feed(h: Any, value: object) -> None:
     elif hasattr(value, "SerializeToString"):  # an ONNX node of an opaque operator
         h.update(value.SerializeToString())
     else:
-        h.update(_ADDRESS.sub("", repr(value)).encode())
+        h.update(_text(value).encode())
         h.update(b";")
+
+
+def _text(value: object) -> str:
+    """``repr(value)`` without memory addresses: an order for a set's elements."""
+    return _ADDRESS.sub("", repr(value))
 
 
 def settings_digest(h: Any, cfg: OptimizeConfig) -> None:
