@@ -4,15 +4,18 @@
 
 ``SPEC``: a model of ``ollie bench models`` (``tv:resnet18``, ``hf:bert``, ...), batch 1;
 ``CACHE_DIR``: the cache directory (``OLLIE_CACHE_DIR``; optimise once into an empty one to
-make it warm); ``CALLS``: how many calls (default 4). Prints each call's wall time and the
-last note (how the program was found). Run it in several processes, alternating with another
-checkout's (``PYTHONPATH=<other>/src``) and its own cache, for a side-by-side comparison
-(docs/design/036-module-key.md).
+make it warm); ``CALLS``: how many calls (default 4). Prints each call's wall time, the
+system and user CPU time and minor page faults it took (memory touched for the first time is
+most of a warm call's system time on a virtual machine: docs/design/037-constants-in-place.md)
+and the end of the last note (how the program was found). Run it in several processes,
+alternating with another checkout's (``PYTHONPATH=<other>/src``) and its own cache, for a
+side-by-side comparison (docs/design/036-module-key.md).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 
@@ -29,10 +32,12 @@ def main(argv: list[str]) -> int:
 
     module, inputs = build(spec, 1)
     for i in range(calls):
-        t0 = time.perf_counter()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         prog = ollie.optimize(module, inputs)
-        print(f"{spec} call {i + 1}: {time.perf_counter() - t0:.2f} s; {prog.notes[-2][-70:]}",
-              flush=True)
+        wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        print(f"{spec} call {i + 1}: {wall:.2f} s (sys {r1.ru_stime - r0.ru_stime:.2f} s, "
+              f"user {r1.ru_utime - r0.ru_utime:.2f} s, {r1.ru_minflt - r0.ru_minflt} "
+              f"page faults); {prog.notes[-2][-70:]}", flush=True)
     return 0
 
 

@@ -4,21 +4,21 @@ Programs are what candidates, subprogram optimisations and optimised models beco
 post-processed (:mod:`ollie.passes.postprocess`), executed (:mod:`ollie.exec.executor`)
 and saved / loaded here. The file format is a folder holding ``program.json`` (structure;
 each kernel as data, its expression as text re-parsed on load: :mod:`ollie.program.serialize`)
-and ``constants.npz`` (numpy arrays, read without pickle). Loading validates everything it
+and ``constants.npz`` (numpy arrays, read in place without pickle:
+:mod:`ollie.program.constants_file`). Loading validates everything it
 reads (:meth:`Program.validate`) and executes nothing from the folder.
 """
 
 from __future__ import annotations
 
 import json
-import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ollie.errors import OllieError
+from ollie.program import constants_file
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
 from ollie.program.serialize import (
@@ -112,7 +112,7 @@ class Program:
         text = json.dumps(doc, indent=1, allow_nan=False)
         path.mkdir(parents=True, exist_ok=True)
         (path / "program.json").write_text(text)
-        _save_constants(path / "constants.npz", self.constants)
+        constants_file.save(path / "constants.npz", self.constants)
 
     @classmethod
     def load(cls, path: str | Path) -> Program:
@@ -130,7 +130,10 @@ class Program:
                              ) from None
         except (ValueError, RecursionError) as exc:
             raise FormatError(f"{where}: not valid JSON ({str(exc)[:100]})") from None
-        prog = cls(*_structure(doc, where), _constants(path / "constants.npz"))
+        consts = path / "constants.npz"
+        prog = cls(*_structure(doc, where),
+                   {name_of(n, f"{consts}: constants"): a
+                    for n, a in constants_file.load(consts).items()})
         try:
             prog.validate()
         except OllieError as exc:
@@ -170,33 +173,6 @@ def _pairs(v: object, where: Path) -> list[tuple[object, object]]:
     if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
         raise FormatError(f"{where}: 'inputs' must be a list of [name, shape] pairs")
     return [(p[0], p[1]) for p in v]
-
-
-def _save_constants(path: Path, constants: Mapping[str, np.ndarray]) -> None:
-    """Write ``constants.npz`` as :func:`numpy.savez` does (an uncompressed zip of one ``.npy``
-    per constant), for every name: ``savez`` takes the names as keyword arguments, so it
-    fails on a constant named ``file`` and reads one named ``allow_pickle`` as its option."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, value in constants.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(value))
-
-
-def _constants(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of ``constants.npz`` (numpy's format, read without pickle)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {}
-            for n in z.files:
-                a = z[n]
-                if a.dtype.kind not in "biuf":
-                    raise FormatError(f"{path}: constant '{n}' has element type {a.dtype}")
-                out[name_of(n, f"{path}: constants")] = a
-            return out
-    except OSError as exc:
-        raise OllieError(f"{path}: cannot read the program's constants ({exc})") from None
-    except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated, malformed
-        raise FormatError(f"{path}: not a valid constants archive ({str(exc)[:100]})") from None
 
 
 __all__ = ["FORMAT_VERSION", "Program", "constant_array", "kernel_from_json", "kernel_to_json"]
