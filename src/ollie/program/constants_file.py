@@ -28,6 +28,7 @@ import zipfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -96,6 +97,8 @@ def load(path: str | Path) -> dict[str, np.ndarray]:
     except (ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise FormatError(f"{path}: not a valid constants archive ({str(exc)[:100]})") from None
     out: dict[str, np.ndarray] = {}
+    if mm is None:  # no members
+        return out
     for info in infos:
         where = f"{path}: member '{info.filename}'"
         if not info.filename.endswith(".npy"):
@@ -135,7 +138,7 @@ def _member(mm: mmap.mmap, info: zipfile.ZipInfo, size: int, where: str) -> np.n
     count = int(np.prod(shape, dtype=np.int64))
     if offset + count * dtype.itemsize != end:
         raise FormatError(f"{where}: {end - offset} bytes of data for shape {shape}")
-    order = "F" if fortran else "C"
+    order: Literal["C", "F"] = "F" if fortran else "C"
     if offset % dtype.alignment == 0:
         return np.ndarray(shape, dtype, buffer=mm, offset=offset, order=order)
     flat = np.frombuffer(mm, dtype, count, offset).copy()
