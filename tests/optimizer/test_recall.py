@@ -250,6 +250,30 @@ def test_the_module_key_does_not_depend_on_a_sets_iteration_order():
     assert keys[0] == keys[1] is not None
 
 
+def test_the_module_key_ignores_the_marks_torch_compile_leaves():
+    cfg = OptimizeConfig(**FAST)
+    m, x = _model()
+    key = module_key(m, (x,), cfg)
+    torch.compile(m)  # marks m itself (_is_torch_compile)
+    m[0].compile()    # _compiled_call_impl
+    assert module_key(m, (x,), cfg) == key
+
+
+def test_the_module_key_does_not_depend_on_who_else_holds_the_forwards_code():
+    # marshal marks objects referenced more than once, so its bytes for a code object change
+    # when something (torch.compile's tracing) keeps its names or constants; the key must not
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.relu() * 1.23456 + 7.5
+
+    cfg = OptimizeConfig(**FAST)
+    m, x = Scaled().eval(), torch.randn(1, 4, 10, 10)
+    key = module_key(m, (x,), cfg)
+    code = Scaled.forward.__code__
+    held = (code.co_names, code.co_varnames, code.co_consts, code.co_linetable)
+    assert module_key(m, (x,), cfg) == key and held
+
+
 def test_a_program_found_by_the_modules_key_runs_with_the_stored_choices(
         ollie_settings, tmp_path, monkeypatch):
     """The lookup by the module's key, which builds and runs the recalled program, runs where

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
-import marshal
 import re
+import types
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 _INTERNAL = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
-                       "training"})
-"""A module's own attributes the key covers otherwise (tensors, children) or separately."""
+                       "training", "_is_torch_compile", "_compiled_call_impl"})
+"""A module's own attributes the key covers otherwise (tensors, children) or separately, and
+the marks ``torch.compile(module)`` and ``module.compile()`` leave on it, which do not change
+what it computes (a module compiled before ``ollie.optimize`` keeps its key)."""
 
 
 def version() -> str:
@@ -105,7 +107,20 @@ def _code(module: torch.nn.Module) -> bytes:
     if isinstance(module, torch.fx.GraphModule):
         return module.code.encode()
     fwd = getattr(type(module).forward, "__code__", None)
-    return marshal.dumps(fwd) if fwd is not None else repr(type(module).forward).encode()
+    return _code_bytes(fwd) if fwd is not None else repr(type(module).forward).encode()
+
+
+def _code_bytes(code: types.CodeType) -> bytes:
+    """A code object's bytecode, names and constants (nested code objects likewise). Not
+    ``marshal.dumps``: its output depends on the objects' reference counts (it marks objects
+    referenced more than once), which change when something else, torch.compile's tracing
+    for one, holds on to them."""
+    consts = [_code_bytes(c) if isinstance(c, types.CodeType) else _text(c).encode()
+              for c in code.co_consts]
+    parts = [code.co_code, repr((code.co_names, code.co_varnames, code.co_freevars,
+                                 code.co_cellvars, code.co_argcount, code.co_posonlyargcount,
+                                 code.co_kwonlyargcount, code.co_flags)).encode(), *consts]
+    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
 
 def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor | None,
