@@ -37,8 +37,9 @@ the matmul rate of a large ``torch.matmul`` (on the CPU, or oneDNN's matmul, whi
 faster) and the copy bandwidth measured on this machine,
 and bytes estimated as weights + model input and output + every materialised intermediate
 (outputs of compute and opaque operators) written once and read once (element-wise operators
-are assumed fused). And the warm re-optimisation time: the same model optimised again in the
-same process with the persistent cache warm (second / first), and how many subprograms were
+are assumed fused). And the warm re-optimisation times: the same model optimised again in the
+same process with the persistent cache warm (second / first), and in a new process as a user
+re-running a script does (:mod:`ollie.bench.warm_process`), and how many subprograms were
 derived, kept their original operator or were refused a search, and why
 (:func:`ollie.optimizer.report.tally`).
 
@@ -75,6 +76,7 @@ import torch
 
 import ollie
 from ollie.bench import attribution as attrib
+from ollie.bench import warm_process
 from ollie.bench.baselines import cores, fp32_everywhere, ort_session
 from ollie.bench.models_report import GRAPHED, PEERS, suffix, write
 from ollie.errors import ConfigError
@@ -222,7 +224,8 @@ def _too_big(name: str, batch: int) -> str | None:
 
 def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = print,
             device: str = "cpu", repeats: int = 1, attribution: bool = False,
-            total_budget: float | str | None = "auto", compile_mode: str = "default") -> dict:
+            total_budget: float | str | None = "auto", compile_mode: str = "default",
+            new_process: bool = False) -> dict:
     """One model and batch: build, check, optimise and time every system (``repeats``
     timings in a row, see :func:`timed`); with ``attribution``, also the programs of
     :mod:`ollie.bench.attribution`. ``budget``: search seconds per distinct subprogram;
@@ -297,6 +300,11 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
         t0 = time.perf_counter()
         ollie.optimize(module, inputs, device, time_budget=budget, total_budget=total_budget)
         row["reoptimize_s"] = time.perf_counter() - t0
+        if new_process:  # as a user re-running a script: nothing of this process reused
+            secs, how = warm_process.measure(name, batch, device, budget, total_budget,
+                                             torch.get_num_threads())
+            row["warm_new_process_s"] = secs
+            notes.append(f"warm in a new process: {how}")
     with torch.inference_mode():
         row["errors"]["Ollie"] = err = rel_err(prog(*inputs).cpu(), ref)
     row["ollie_correct"] = err < RTOL
@@ -370,7 +378,8 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
          cache_dir: str | None = None, threads: int | None = None,
          log: Callable = print, device: str = "cpu", repeats: int = 1,
          attribution: bool = False, total_budget: float | str | None = "auto",
-         cpu_time: bool = False, compile_mode: str | None = None) -> int:
+         cpu_time: bool = False, compile_mode: str | None = None,
+         new_process: bool = True) -> int:
     """Run the benchmark; ``keep``: keep the rows of other model/batch pairs already in
     ``out/models.json``; ``cache_dir``: the persistent cache (default: a fresh one, so the
     first optimisation of each model is cold); ``threads``: intra-op threads of every system
@@ -402,14 +411,15 @@ def main(models=DEFAULT_MODELS, batches=DEFAULT_BATCHES, budget: float = 20.0,
     with using(cache_dir=cache, **changes):
         return _run_all(models, batches, budget, out, keep, threads, log, device, repeats,
                         attribution, total_budget, cpu_time, compile_mode=compile_mode or (
-                            "default" if device == "cpu" else "max-autotune"))
+                            "default" if device == "cpu" else "max-autotune"),
+                        new_process=new_process)
 
 
 def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: Path,
              keep: bool, threads: int | None, log: Callable, device: str,
              repeats: int, attribution: bool = False,
              total_budget: float | str | None = "auto", cpu_time: bool = False,
-             compile_mode: str = "default") -> int:
+             compile_mode: str = "default", new_process: bool = False) -> int:
     """:func:`main` once its cache directory is set."""
     torch.set_num_threads(threads or cores())
     info = machine(device)
@@ -438,7 +448,7 @@ def _run_all(models: Sequence[str], batches: Sequence[int], budget: float, out: 
             try:
                 row = ({"model": name, "batch": batch, "skipped": why} if why else
                        run_one(name, batch, budget, info, log, device, repeats, attribution,
-                               total_budget, compile_mode))
+                               total_budget, compile_mode, new_process))
             except Exception as e:  # keep going, say what broke
                 import traceback
 

@@ -45,7 +45,8 @@ def summary(rows: list[dict]) -> dict:
     ok = [r for r in rows if r.get("ollie_correct")]
     warm = {f"{r['model']} b{r['batch']}": {"first_s": r["optimize_s"],
                                             "second_s": r["reoptimize_s"],
-                                            "ratio": r["reoptimize_s"] / r["optimize_s"]}
+                                            "ratio": r["reoptimize_s"] / r["optimize_s"],
+                                            "new_process_s": r.get("warm_new_process_s")}
             for r in rows if "reoptimize_s" in r}
     return {"geomean_vs_best_peer": _geomean([r["speedup_vs_best"] for r in ok]),
             "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in ok]),
@@ -148,10 +149,14 @@ def markdown(rows: list[dict], info: dict) -> str:
                   f"**{s['geomean_vs_best_peer']:.2f}x**; over PyTorch eager: "
                   f"**{s['geomean_vs_eager']:.2f}x** ({s['rows_in_geomean']} model/batch "
                   "pairs with a correct Ollie program).", "",
-              "Warm re-optimisation (same model optimised again in the same process, "
-              "persistent cache warm):", "",
-              "| model | first s | second s | second/first |", "|---|---:|---:|---:|"]
-    lines += [f"| {k} | {v['first_s']:.1f} | {v['second_s']:.2f} | {v['ratio']:.3f} |"
+              "Warm re-optimisation (the persistent cache warm): the same model optimised "
+              "again in the same process (second), and in a new process as a user re-running "
+              "a script (imports and building the model not counted):", "",
+              "| model | first s | second s | second/first | new process s |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {k} | {v['first_s']:.1f} | {v['second_s']:.2f} | {v['ratio']:.3f} | "
+              + (f"{v['new_process_s']:.2f} |" if v.get("new_process_s") is not None
+                 else "n/a |")
               for k, v in s["warm_reoptimization"].items()]
     table = attribution_markdown(rows)
     if table:

@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "max-autotune-no-cudagraphs"),
                    help="torch.compile's mode for its peer (default: 'default' on the CPU, "
                         "'max-autotune' on CUDA)")
+    m.add_argument("--no-new-process-warm", dest="new_process", action="store_false",
+                   help="skip the warm optimisation in a new process (the table's warm "
+                        "column then has the same-process figure only)")
     m.add_argument("--cpu-time", action="store_true",
                    help="time by the CPU time of the calling thread, every system on one "
                         "thread (implies --threads 1; CPU only): on a machine that other "
@@ -114,5 +117,6 @@ def run(args: argparse.Namespace) -> int:
                            args.budget, args.out, args.keep, args.cache_dir,
                            args.threads, device=args.device, repeats=args.repeats,
                            attribution=args.attribution, total_budget=args.time_budget,
-                           cpu_time=args.cpu_time, compile_mode=args.compile_mode)
+                           cpu_time=args.cpu_time, compile_mode=args.compile_mode,
+                           new_process=args.new_process)
     raise AssertionError(args.bench)
