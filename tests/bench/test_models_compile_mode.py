@@ -27,7 +27,6 @@ def test_run_one_compiles_in_that_mode(monkeypatch):
     import torch
 
     modes = []
-    real = torch.compile
 
     def spy(module, **kw):
         modes.append(kw.get("mode"))
@@ -41,7 +40,7 @@ def test_run_one_compiles_in_that_mode(monkeypatch):
     with pytest.raises(RuntimeError, match="stop after the peers"):
         models.run_one("tiny", 1, 0.5, {"matmul_flops": 1e11, "copy_bytes": 1e10},
                        log=lambda *a: None, compile_mode="max-autotune")
-    assert modes == ["max-autotune"] and torch.compile is spy and real is not spy
+    assert modes == ["max-autotune"]
 
 
 def test_cli_flag_and_report_header():

@@ -25,8 +25,9 @@ def test_the_child_finds_the_program_the_cold_run_stored(ollie_settings, tmp_pat
     monkeypatch.setattr(models, "build", _model)
     module, inputs = _model("tiny", 1)
     ollie.optimize(module, inputs, "cpu", time_budget=0.5, total_budget=None)  # cold
-    threads = str(torch.get_num_threads())  # part of the key, as the benchmark passes it
-    assert warm_process.main(["tiny", "1", "cpu", "0.5", "none", threads]) == 0
+    args = {"spec": "tiny", "batch": 1, "device": "cpu", "budget": 0.5, "total_budget": None,
+            "threads": torch.get_num_threads()}  # threads: part of the key, as passed
+    assert warm_process.main([json.dumps(args)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["seconds"] > 0 and "found by the module's own key" in out["found"]
 

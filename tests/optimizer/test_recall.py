@@ -274,6 +274,25 @@ def test_the_module_key_does_not_depend_on_who_else_holds_the_forwards_code():
     assert module_key(m, (x,), cfg) == key and held
 
 
+def test_the_module_key_does_not_depend_on_a_constant_sets_order_in_the_forward():
+    # `k in {8, 16}` compiles to a frozenset constant whose order is the literal's (8 and 16
+    # share a slot); a constant set of strings differs so from one process to the next
+    def gate(literal: str) -> nn.Module:
+        src = ("class Gate(nn.Module):\n"
+               "    def forward(self, x):\n"
+               f"        return x * 2 if x.shape[1] in {literal} else x\n")
+        scope: dict = {"nn": nn, "__name__": __name__}
+        exec(src, scope)
+        return scope["Gate"]().eval()
+
+    cfg, x = OptimizeConfig(**FAST), torch.randn(1, 4, 10, 10)
+    a, b = gate("{8, 16}"), gate("{16, 8}")
+    consts = [c for m in (a, b) for c in type(m).forward.__code__.co_consts
+              if isinstance(c, frozenset)]
+    assert list(consts[0]) != list(consts[1])  # the two constants do differ in order
+    assert module_key(a, (x,), cfg) == module_key(b, (x,), cfg) is not None
+
+
 def test_a_program_found_by_the_modules_key_runs_with_the_stored_choices(
         ollie_settings, tmp_path, monkeypatch):
     """The lookup by the module's key, which builds and runs the recalled program, runs where

@@ -267,7 +267,7 @@ def run_one(name: str, batch: int, budget: float, rates: dict, log: Callable = p
             got = compiled(*inputs).cpu()
             compiled(*inputs)
         row["compile_s"] = time.perf_counter() - t0
-        row["errors"]["torch.compile"] = rel_err(got.cpu(), ref)
+        row["errors"]["torch.compile"] = rel_err(got, ref)
         fns["torch.compile"] = lambda: compiled(*inputs)
         log(f"  torch.compile ({compile_mode}): compiled and warmed up in {row['compile_s']:.1f} s")
     except Exception as e:  # a peer's failure is a result

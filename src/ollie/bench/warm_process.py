@@ -1,7 +1,8 @@
 """A warm ``ollie.optimize`` in a new process: what a user re-running a script waits for.
 
-:func:`measure` starts ``python -m ollie.bench.warm_process SPEC BATCH DEVICE BUDGET TOTAL
-THREADS`` with the calling process's cache directory (``OLLIE_CACHE_DIR``) and environment.
+:func:`measure` starts ``python -m ollie.bench.warm_process JSON`` (the model, batch, device,
+budgets and threads as one JSON object) with the calling process's cache directory
+(``OLLIE_CACHE_DIR``) and environment.
 The child builds the model as :func:`ollie.bench.models.build` does (seeded, so the same
 weights), optimises it once with those settings and prints one JSON line: the seconds the
 call took (imports and the model's construction excluded) and the end of the program's last
@@ -24,18 +25,15 @@ TIMEOUT_S = 600.0
 """The longest a child may run (a miss optimises the model again, cold)."""
 
 
-def _total_arg(total: float | str | None) -> str:
-    return "none" if total is None else str(total)
-
-
 def measure(spec: str, batch: int, device: str, budget: float,
             total_budget: float | str | None, threads: int) -> tuple[float | None, str]:
     """Seconds of a warm ``ollie.optimize`` of ``spec`` at ``batch`` in a new process, and
     how its program was found; (None, why) when the child failed or ran out of time."""
     env = dict(os.environ)
     env[CACHE_DIR_ENV] = str(current().cache_root)
-    cmd = [sys.executable, "-m", "ollie.bench.warm_process", spec, str(batch), device,
-           str(budget), _total_arg(total_budget), str(threads)]
+    args = {"spec": spec, "batch": batch, "device": device, "budget": budget,
+            "total_budget": total_budget, "threads": threads}
+    cmd = [sys.executable, "-m", "ollie.bench.warm_process", json.dumps(args)]
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S, check=False)
@@ -50,21 +48,21 @@ def measure(spec: str, batch: int, device: str, budget: float,
 
 
 def main(argv: list[str]) -> int:
-    """The child: ``SPEC BATCH DEVICE BUDGET TOTAL THREADS``; prints one JSON line."""
-    spec, batch, device, budget, total, threads = argv
+    """The child: ``JSON`` (see :func:`measure`); prints one JSON line."""
+    args = json.loads(argv[0])
+    device = args["device"]
     import torch
 
     import ollie
     from ollie.bench.models import build
 
-    torch.set_num_threads(int(threads))
-    module, inputs = build(spec, int(batch))
+    torch.set_num_threads(args["threads"])
+    module, inputs = build(args["spec"], args["batch"])
     module = module.to(device)
     inputs = tuple(t.to(device) for t in inputs)
     t0 = time.perf_counter()
-    prog = ollie.optimize(module, inputs, device, time_budget=float(budget),
-                          total_budget=None if total == "none" else
-                          (total if total == "auto" else float(total)))
+    prog = ollie.optimize(module, inputs, device, time_budget=args["budget"],
+                          total_budget=args["total_budget"])
     seconds = time.perf_counter() - t0
     found = next((n for n in reversed(prog.notes) if "from the cache" in n),
                  "no stored program found: optimised again")

@@ -102,25 +102,35 @@ def _hooked(module: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
-def _code(module: torch.nn.Module) -> bytes:
-    """What ``module``'s forward runs: an fx graph's source, else the forward's code."""
+def _feed_code(h: Any, module: torch.nn.Module) -> None:
+    """Add what ``module``'s forward runs to ``h``: an fx graph's source, else the forward's
+    code (:func:`_feed_code_object`)."""
     if isinstance(module, torch.fx.GraphModule):
-        return module.code.encode()
+        h.update(module.code.encode())
+        return
     fwd = getattr(type(module).forward, "__code__", None)
-    return _code_bytes(fwd) if fwd is not None else repr(type(module).forward).encode()
+    if fwd is None:
+        h.update(repr(type(module).forward).encode())
+    else:
+        _feed_code_object(h, fwd)
 
 
-def _code_bytes(code: types.CodeType) -> bytes:
-    """A code object's bytecode, names and constants (nested code objects likewise). Not
-    ``marshal.dumps``: its output depends on the objects' reference counts (it marks objects
-    referenced more than once), which change when something else, torch.compile's tracing
-    for one, holds on to them."""
-    consts = [_code_bytes(c) if isinstance(c, types.CodeType) else _text(c).encode()
-              for c in code.co_consts]
-    parts = [code.co_code, repr((code.co_names, code.co_varnames, code.co_freevars,
-                                 code.co_cellvars, code.co_argcount, code.co_posonlyargcount,
-                                 code.co_kwonlyargcount, code.co_flags)).encode(), *consts]
-    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+def _feed_code_object(h: Any, code: types.CodeType) -> None:
+    """Add a code object's bytecode, names, flags and constants to ``h`` (nested code objects
+    likewise, other constants by :func:`feed`, so a constant set is digested in a fixed order).
+    Not ``marshal.dumps``: its output depends on the objects' reference counts (it marks
+    objects referenced more than once), which change when something else, torch.compile's
+    tracing for one, holds on to them."""
+    h.update(code.co_code)
+    feed(h, (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+             code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags))
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            h.update(b"code(")
+            _feed_code_object(h, c)
+            h.update(b")")
+        else:
+            feed(h, c)
 
 
 def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor | None,
@@ -142,7 +152,7 @@ def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor 
         for name, m in module.named_modules(remove_duplicate=False):
             cls = type(m)
             feed(h, (name, cls.__module__, cls.__qualname__, m.training))
-            h.update(_code(m))
+            _feed_code(h, m)
             feed(h, {k: v for k, v in vars(m).items()
                      if k not in _INTERNAL and not k.endswith("hooks")})
         for name, t in [*module.named_parameters(remove_duplicate=False),
