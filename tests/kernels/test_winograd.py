@@ -20,6 +20,7 @@ from ollie.exec import conv as conv_choice
 from ollie.kernels import winograd
 from ollie.libs import onednn
 from ollie.lower import lower
+from ollie.testing.clock import FakeClock
 from ollie.tune import choice
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="no oneDNN in this torch")
@@ -116,7 +117,11 @@ def test_winograd_keeps_nan_within_the_tiles_that_read_it() -> None:
 
 
 @needs_onednn
-def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatch) -> None:
+def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatch,
+                                                                      ollie_settings) -> None:
+    # every timing reads one tick of a fake clock: no sample's spread makes the machine look
+    # busy, so the choice is remembered whatever else runs (:func:`ollie.tune.decide.busy`)
+    ollie_settings(measure_clock=FakeClock(tick=2.0 ** -10))
     torch.manual_seed(2)
     w, b = torch.randn(16, 16, 3, 3), torch.randn(16)
     choice.shared().clear()
