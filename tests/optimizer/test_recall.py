@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +20,7 @@ import ollie
 from ollie.frontend import torch_import
 from ollie.optimizer import final, recall
 from ollie.optimizer import model as optimizer_model
+from ollie.optimizer import module_key as module_key_module
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import program_digest
 from ollie.optimizer.importing import to_graph
@@ -209,12 +211,16 @@ def test_an_entry_found_by_an_older_graph_key_records_the_module_key(
     assert marker.read_text() == module_key(m, (x,), OptimizeConfig(**FAST))
 
 
-def test_the_module_key_changes_with_what_the_module_computes():
+def test_the_module_key_changes_with_what_the_module_computes(monkeypatch):
     m, x = _model()
     cfg = OptimizeConfig(**FAST)
     key = module_key(m, (x,), cfg)
     assert key is not None and module_key(m, x, cfg) == key  # a lone tensor is one input
     assert module_key(_model()[0], (x,), cfg) == key  # the same module built again
+    with monkeypatch.context() as patch:  # the weights digested one after another: the same
+        patch.setattr(module_key_module, "ThreadPoolExecutor",  # key as on several threads
+                      lambda workers, **kw: ThreadPoolExecutor(1, **kw))
+        assert module_key(m, (x,), cfg) == key
     assert module_key(m, (x,), replace(cfg, time_budget=6.0)) != key
     assert module_key(m, (torch.randn(2, 4, 10, 10),), cfg) != key
     assert module_key(m, (x.double(),), cfg) != key

@@ -190,12 +190,14 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
            activation, constant, *((policy.key,) if policy.key else ()))
     products = implementations(a, b, bias, activation, constant, policy)
+    choices = choices if choices is not None else shared()
+    chosen = prefer if prefer in products else choices.get(key)
+    if chosen == "MKL":  # what torch.matmul computes: nothing to check it against
+        return chosen, products[chosen]
     with torch.inference_mode():
         want = products["MKL"](a, b)
-        choices = choices if choices is not None else shared()
-        chosen = prefer if prefer in products else choices.get(key)
-        if chosen in products and (chosen == "MKL" or _agrees(products[chosen], want, a, b)):
-            return chosen, products[chosen]  # type: ignore[index]
+        if chosen in products and _agrees(products[chosen], want, a, b):
+            return chosen, products[chosen]
         usable: dict[str, Product | None] = {
             n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in products.items()}
         fn = choices.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b),

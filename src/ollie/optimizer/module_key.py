@@ -3,12 +3,13 @@
 :func:`module_key` names a torch module as ``ollie.optimize`` would optimise it without
 importing it (``torch.export`` is most of a warm run's time): every submodule's class, the
 code of its ``forward`` (an ``fx.GraphModule``'s generated source), its other attributes, every
-parameter's and buffer's bytes, the example inputs' shapes and dtypes, and the settings. It is
-a lookup key only: a program found under it is used after it matched the module itself on
-random and example inputs, like any recalled program, so a forward that reads something the
-key does not cover (a global, a helper function's code) can cost a wasted lookup, never a
-wrong program. :func:`feed` adds a value to a digest, for this key and the graph's; both
-are SHA-256 digests (why, with the figures: docs/design/036-module-key.md).
+parameter's and buffer's bytes (digested on several threads), the example inputs' shapes and
+dtypes, and the settings. It is a lookup key only: a program found under it is used after it
+matched the module itself on random and example inputs, like any recalled program, so a
+forward that reads something the key does not cover (a global, a helper function's code) can
+cost a wasted lookup, never a wrong program. :func:`feed` adds a value to a digest, for this
+key and the graph's; both are SHA-256 digests (why, with the figures:
+docs/design/036-module-key.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import re
 import types
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any
 
@@ -133,6 +135,20 @@ def _feed_code_object(h: Any, code: types.CodeType) -> None:
             feed(h, c)
 
 
+def _digests(arrays: Sequence[np.ndarray | None]) -> list[bytes | None]:
+    """The SHA-256 digest of each array's bytes (None for None), on up to PyTorch's number of
+    threads at once: hashlib lets other threads run while it digests a large buffer, and a
+    model's weights are most of the time its key takes."""
+    def one(a: np.ndarray | None) -> bytes | None:
+        return None if a is None else hashlib.sha256(np.ascontiguousarray(a).data).digest()
+
+    workers = min(torch.get_num_threads(), len(arrays))
+    if workers < 2:
+        return [one(a) for a in arrays]
+    with ThreadPoolExecutor(workers, thread_name_prefix="ollie-key") as pool:
+        return list(pool.map(one, arrays))
+
+
 def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor | None,
                cfg: OptimizeConfig) -> str | None:
     """The digest naming ``module`` called on inputs like ``inputs`` and optimised with
@@ -155,9 +171,13 @@ def module_key(module: torch.nn.Module, inputs: Sequence[object] | torch.Tensor 
             _feed_code(h, m)
             feed(h, {k: v for k, v in vars(m).items()
                      if k not in _INTERNAL and not k.endswith("hooks")})
-        for name, t in [*module.named_parameters(remove_duplicate=False),
-                        *module.named_buffers(remove_duplicate=False)]:
-            feed(h, (name, t))
+        named = [*module.named_parameters(remove_duplicate=False),
+                 *module.named_buffers(remove_duplicate=False)]
+        data = [t.detach().cpu().numpy() if t.device.type != "meta" else None
+                for _, t in named]
+        for (name, t), digest in zip(named, _digests(data), strict=True):
+            feed(h, (name, t if digest is None else f"array{t.dtype}{tuple(t.shape)}"))
+            h.update(digest or b"")
     except Exception as exc:  # an attribute it cannot digest (a failing __repr__): no key
         log.info("no module key (%s: %s): the graph's key is used", type(exc).__name__, exc)
         return None
