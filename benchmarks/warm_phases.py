@@ -7,7 +7,7 @@
 wall time and the seconds spent in each phase of the recall path
 (:mod:`ollie.optimizer.recall`): the module key, reading the program, the module run for the
 check's reference, building the program, the program on the random and on the example
-inputs, and the matrix products' first choice (:func:`ollie.exec.linear.best_product`,
+inputs, and the matrix products' first choice (:func:`ollie.exec.linear.chosen_product`,
 part of the program's first run).
 Run it in several processes, alternating with another checkout's (``PYTHONPATH=<other>/src``)
 on its own copy of the cache: an entry records one module key, and two versions whose keys
@@ -50,7 +50,9 @@ def main(argv: list[str]) -> int:
                                (recall, "module_reference", "module reference"),
                                (recall, "agrees", "program on random inputs"),
                                (recall, "confirm", "program on example inputs"),
-                               (linear, "best_product", "products' first choice")):
+                               (linear, "chosen_product", "products' first choice")):
+        if not hasattr(owner, name):  # an older checkout: its products chose by best_product
+            name = "best_product"
         setattr(owner, name, timed(label, getattr(owner, name)))
     executor.CompiledProgram.__init__ = timed("program built",
                                               executor.CompiledProgram.__init__)

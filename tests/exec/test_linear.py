@@ -4,6 +4,8 @@ kernel uses it."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ollie.exec import linear
+from ollie.testing.clock import FakeClock
 from ollie.tune import choice
 
 pytestmark = pytest.mark.skipif(not linear.available(), reason="no oneDNN matmul in this torch")
@@ -170,3 +173,38 @@ def test_operands_with_nan_fall_back_to_mkl_without_fixing_the_choice():
     name, fn = linear.best_product(a, b)
     assert name == "MKL" and key not in choice.shared()
     torch.testing.assert_close(fn(a, b), a @ b, equal_nan=True)
+
+
+def test_a_remembered_choice_computes_the_first_calls_product_once(monkeypatch,
+                                                                    ollie_settings) -> None:
+    """A runner's first call checks the remembered implementation against torch.matmul on
+    its operands and returns that checked product: the chosen implementation runs once, not
+    once for the check and again for the output."""
+    table: dict = {}
+    ollie_settings(choices=table, measure_clock=FakeClock(tick=2.0 ** -10))
+    real = linear.implementations
+    calls: Counter[str] = Counter()
+
+    def counting(*args, **kwargs):
+        def counted(name, fn):
+            def run(x, y):
+                calls[name] += 1
+                return fn(x, y)
+            return run
+        return {n: counted(n, f) for n, f in real(*args, **kwargs).items()}
+
+    monkeypatch.setattr(linear, "implementations", counting)
+    torch.manual_seed(4)
+    w, x = torch.randn(16, 32), torch.randn(5, 16)
+    want = x @ w
+    torch.testing.assert_close(linear.node_runner("MatMul", {}, w, None)(x), want,
+                               rtol=1e-4, atol=1e-4)  # measured, then remembered
+    (key,) = table
+    other = next(n for n in calls if n != "MKL")
+    table[key] = other
+    calls.clear()
+    run = linear.node_runner("MatMul", {}, w, None)
+    torch.testing.assert_close(run(x), want, rtol=1e-4, atol=1e-4)
+    assert calls == {"MKL": 1, other: 1}  # the check's reference, and the chosen one once
+    torch.testing.assert_close(run(x), want, rtol=1e-4, atol=1e-4)
+    assert calls == {"MKL": 1, other: 2}

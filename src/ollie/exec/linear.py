@@ -159,16 +159,22 @@ def _blocked(weight: torch.Tensor, bias: torch.Tensor | None,
     return run
 
 
-def _agrees(fn: Product, want: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+def _output(fn: Product, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """``fn(a, b)``, or None where it fails (logged)."""
     try:
-        got = fn(a, b)
+        return fn(a, b)
     except (RuntimeError, NotImplementedError) as exc:
         log.info("matmul %s x %s: an implementation failed: %s", list(a.shape),
                  list(b.shape), exc)
+        return None
+
+
+def _close(got: torch.Tensor | None, want: torch.Tensor) -> bool:
+    """Whether ``got`` holds ``want``'s values within 1e-3 of its largest magnitude."""
+    if got is None or got.numel() != want.numel():
         return False
     scale = float(want.abs().max()) + 1e-6
-    return got.numel() == want.numel() and \
-        float((got.reshape(want.shape) - want).abs().max()) <= 1e-3 * scale
+    return float((got.reshape(want.shape) - want).abs().max()) <= 1e-3 * scale
 
 
 def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
@@ -186,6 +192,19 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     when measured faster with confidence (:meth:`ollie.tune.choice.Choices.fastest`).
     ``choices``: the table asked (default :func:`ollie.tune.choice.shared`); ``impls``: the
     implementations allowed (:func:`implementations`), part of the choice's key."""
+    name, fn, _ = chosen_product(a, b, bias, activation, prefer, constant, choices, impls)
+    return name, fn
+
+
+def chosen_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                   activation: str | None = None, prefer: str | None = None,
+                   constant: tuple[bool, bool] = (False, False),
+                   choices: Choices | None = None, impls: Implementations | None = None
+                   ) -> tuple[str, Product, torch.Tensor | None]:
+    """:func:`best_product`'s ``(name, fn)`` and ``fn(a, b)`` where computing it was part of
+    the choice (a remembered or preferred implementation run on ``a`` and ``b`` to check it
+    against ``torch.matmul``; computed in the caller's grad mode), else None: a caller that
+    needs the product of these operands uses it rather than computing it again."""
     policy = impls or current().implementations
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
            activation, constant, *((policy.key,) if policy.key else ()))
@@ -193,20 +212,24 @@ def best_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     choices = choices if choices is not None else shared()
     chosen = prefer if prefer in products else choices.get(key)
     if chosen == "MKL":  # what torch.matmul computes: nothing to check it against
-        return chosen, products[chosen]
+        return chosen, products[chosen], None
     with torch.inference_mode():
         want = products["MKL"](a, b)
-        if chosen in products and _agrees(products[chosen], want, a, b):
-            return chosen, products[chosen]
+    if chosen in products:
+        got = _output(products[chosen], a, b)
+        if _close(got, want):
+            return chosen, products[chosen], got
+    with torch.inference_mode():
         usable: dict[str, Product | None] = {
-            n: f if n == "MKL" or _agrees(f, want, a, b) else None for n, f in products.items()}
+            n: f if n == "MKL" or _close(_output(f, a, b), want) else None
+            for n, f in products.items()}
         fn = choices.fastest(usable, tuple(a.shape), key, make_args=lambda: (a, b),
                              baseline="MKL")
     # remembered by ``fastest`` only when measured (operands with NaN or inf make every other
     # implementation fail its check: MKL then, for the caller that saw them) and confirmed
     name = next(n for n, f in usable.items() if f is fn)
     log.debug("matmul %s x %s: %s", list(a.shape), list(b.shape), name)
-    return name, fn
+    return name, fn, None
 
 
 PRODUCT_OPS = ("MatMul", "Gemm")
@@ -246,11 +269,11 @@ def node_runner(op: str, attrs: dict, weight: torch.Tensor, bias: torch.Tensor |
 
     def run(x: torch.Tensor, *residual_input: torch.Tensor) -> torch.Tensor:
         key = (tuple(x.shape), x.stride())
-        fn = cache.get(key)
-        if fn is None:
-            fn = cache[key] = best_product(x, w, c, act, constant=(False, True),
-                                           impls=impls)[1]
-        y = fn(x, w)
+        fn, y = cache.get(key), None
+        if fn is None:  # chosen for this input; its product, when the choice computed it
+            _, fn, y = chosen_product(x, w, c, act, constant=(False, True), impls=impls)
+            cache[key] = fn
+        y = fn(x, w) if y is None else y
         y = y.reshape(*x.shape[:-1], w.shape[1])
         if residual_input:
             y = post(y.add_(residual_input[0]))
