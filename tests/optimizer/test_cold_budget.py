@@ -312,3 +312,49 @@ def test_the_quick_comparison_offers_the_original_operators_regions(
     _, cached = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], CostCache(),
                           {ORIGINALS: originals}, timed=False)
     assert len(timed) == 1 and cached == decision
+
+
+def test_the_quick_comparison_measures_again_a_lead_one_noisy_round_left_undecided(
+        ollie_settings, tmp_path, monkeypatch):
+    """A large model's whole program gets few rounds in the quick comparison's time: its
+    regions ahead on the median but not with confidence (one noisy round of three) are timed
+    for as many rounds again, and kept when all the rounds together decide."""
+    from ollie.graph import run_graph
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.final import all_nodes, libraries
+    from ollie.optimizer.importing import to_graph
+    from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
+    from ollie.tune.cache import CostCache
+
+    measure = importlib.import_module("ollie.tune.measure")
+    ollie_settings(cache_dir=tmp_path, **QUICK)
+    m, x = _model()
+    graph = to_graph(m, (x,))
+    prog = all_nodes(graph)
+    feeds = {graph.input_names[0]: x}
+    want = run_graph(graph, feeds)
+    calls: list[dict[str, list[float]]] = [
+        {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 2.5]},  # ratios .5 .5 1.25
+        {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 1.0]}]
+    timed: list[set[str]] = []
+    real = measure.measure_rounds
+
+    def rounds(fns, *args, **kwargs):
+        if set(fns) != {PER_OPERATOR, REGIONS}:  # a convolution's choice among implementations
+            return real(fns, *args, **kwargs)
+        timed.append(set(fns))
+        return measure.Timings(calls[len(timed) - 1])
+
+    monkeypatch.setattr(measure, "measure_rounds", rounds)
+    notes: list[str] = []
+    got, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), notes,
+                              CostCache(), timed=False)
+    assert len(timed) == 2  # the first three rounds decided nothing
+    assert decision is not None and decision.choice == REGIONS and got is not prog
+    # a lead the first rounds decide is not measured again (another cache: not recalled)
+    ollie_settings(cache_dir=tmp_path / "second")
+    timed.clear()
+    calls[0] = {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 1.1]}
+    _, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], CostCache(),
+                            timed=False)
+    assert len(timed) == 1 and decision is not None and decision.choice == REGIONS

@@ -376,7 +376,8 @@ QUICK_ROUNDS = 5
 """Interleaved rounds of :func:`quick_regions` (a whole program per sample)."""
 
 QUICK_SECONDS = 5.0
-"""Later rounds of :func:`quick_regions` stop after this long."""
+"""Later rounds of :func:`quick_regions` stop after this long (each of its two
+measurements)."""
 
 
 def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
@@ -389,7 +390,10 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
     regions (:data:`~ollie.optimizer.libraries.REGIONS`: no code compiled, one session per
     region) and against those of each of ``alternatives`` (the model's original operators
     when a subprogram was rewritten: a rewrite that breaks a region can lose the program),
-    :data:`QUICK_ROUNDS` interleaved rounds. A variant must match ``want``; ``prog``'s
+    :data:`QUICK_ROUNDS` interleaved rounds, and as many again when a variant's median is
+    :data:`~ollie.tune.decide.MARGIN` below ``prog``'s without confidence yet (a whole
+    program of a large model gets few samples in :data:`QUICK_SECONDS`, and one noisy round
+    among three decides nothing). A variant must match ``want``; ``prog``'s
     regions are kept only when faster than ``prog`` with confidence
     (:func:`ollie.tune.decide.faster`); an alternative's regions, when faster than ``prog``
     with confidence and ``prog``'s best is not :data:`~ollie.optimizer.libraries.
@@ -397,8 +401,8 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
     choose_libraries` keeps an alternative). The decision is cached apart from
     :func:`libraries`' (a comparison of every variant)."""
     from ollie.optimizer.libraries import PER_OPERATOR, REGIONS, variant
-    from ollie.tune.decide import faster
-    from ollie.tune.measure import measure_rounds, settled_lead
+    from ollie.tune.decide import MARGIN, faster
+    from ollie.tune.measure import Timings, measure_rounds, settled_lead
 
     alternatives = alternatives or {}
     offered: dict[str, tuple[Program, LibraryDecision | None]] = {PER_OPERATOR: (prog, None)}
@@ -433,11 +437,23 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
             fns[name] = functools.partial(compiled, *[feeds[n] for n, _ in p.inputs])
         if len(fns) < 2:
             return prog, None
-        timed = measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, max_seconds=QUICK_SECONDS,
-                               min_sample=0.02, lead_calls=1, settle=cfg.settle,
-                               lead_seconds=settled_lead(cfg.settle), settle_around=spinning)
-        wins = [n for n in fns if n != PER_OPERATOR and
-                faster(timed.samples[n], timed.samples[PER_OPERATOR]).decided]
+        def rounds(seed: int) -> Timings:
+            return measure_rounds(fns, "cpu", rounds=QUICK_ROUNDS, max_seconds=QUICK_SECONDS,
+                                  min_sample=0.02, lead_calls=1, settle=cfg.settle,
+                                  lead_seconds=settled_lead(cfg.settle),
+                                  settle_around=spinning, seed=seed)
+
+        def winners(timed: Timings) -> list[str]:
+            return [n for n in fns if n != PER_OPERATOR and
+                    faster(timed.samples[n], timed.samples[PER_OPERATOR]).decided]
+
+        timed = rounds(0)
+        wins = winners(timed)
+        if any(n not in wins and timed.median(n) < (1 - MARGIN) * timed.median(PER_OPERATOR)
+               for n in fns if n != PER_OPERATOR):  # ahead, not yet with confidence: as many
+            more = rounds(1)                       # rounds again, decided on all of them
+            timed = Timings({n: timed.samples[n] + more.samples[n] for n in fns})
+            wins = winners(timed)
         doc = min([PER_OPERATOR] + [n for n in wins if n == REGIONS], key=timed.median)
         others = [n for n in wins if n != REGIONS]
         if others:
@@ -445,7 +461,8 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
             if timed.median(doc) > (1 - ALTERNATIVE_MARGIN) * timed.median(alt):
                 doc = alt
         notes.append(f"convolution libraries, quick comparison: {doc} ("
-                     + ", ".join(f"{n} {timed.median(n) * 1e3:.3f} ms" for n in fns) + ")")
+                     + ", ".join(f"{n} {timed.median(n) * 1e3:.3f} ms" for n in fns)
+                     + f"; {len(timed.samples[PER_OPERATOR])} rounds)")
         if cache is not None:
             cache.put_decision(key, doc)
     return offered[doc]
