@@ -20,6 +20,7 @@ from ollie.optimizer import model as model_mod
 from ollie.optimizer.budget import AUTO, TIME_BUDGET, Budget, default_total
 from ollie.optimizer.plausible import FAR_BEHIND, PLAUSIBLE, plausible
 from ollie.program.params import KernelKind
+from ollie.program.program import Program
 from ollie.search import DeriveResult
 from ollie.search.candidate import Candidate
 from ollie.settings import current
@@ -37,6 +38,19 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.ReLU(),
                       nn.Conv2d(4, 2, 3, padding=1)).eval()
     return m, torch.randn(1, 3, 6, 6)
+
+
+def _originals() -> tuple[Program, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """:func:`_model`'s operators as they are (a program), its input and the graph's outputs
+    on it."""
+    from ollie.graph import run_graph
+    from ollie.optimizer.final import all_nodes
+    from ollie.optimizer.importing import to_graph
+
+    m, x = _model()
+    graph = to_graph(m, (x,))
+    feeds = {graph.input_names[0]: x}
+    return all_nodes(graph), feeds, run_graph(graph, feeds)
 
 
 def _run(clock: FakeClock, select_s: float, check_s: float, **kwargs
@@ -226,18 +240,12 @@ def test_a_default_budget_is_fixed_by_the_plan():
 
 def test_a_budget_that_left_subprograms_unsearched_compares_only_the_regions(
         ollie_settings, tmp_path):
-    from ollie.graph import run_graph
     from ollie.optimizer.config import OptimizeConfig
-    from ollie.optimizer.final import all_nodes, libraries
-    from ollie.optimizer.importing import to_graph
+    from ollie.optimizer.final import libraries
     from ollie.tune.cache import CostCache
 
     ollie_settings(cache_dir=tmp_path, **QUICK)
-    m, x = _model()
-    graph = to_graph(m, (x,))
-    prog = all_nodes(graph)
-    feeds = {graph.input_names[0]: x}
-    want = run_graph(graph, feeds)
+    prog, feeds, want = _originals()
     cfg = OptimizeConfig(settle=0.0)
     cache = CostCache()
     seen = []
@@ -319,20 +327,14 @@ def test_the_quick_comparison_measures_again_a_lead_one_noisy_round_left_undecid
     """A large model's whole program gets few rounds in the quick comparison's time: its
     regions ahead on the median but not with confidence (one noisy round of three) are timed
     for as many rounds again, and kept when all the rounds together decide."""
-    from ollie.graph import run_graph
     from ollie.optimizer.config import OptimizeConfig
-    from ollie.optimizer.final import all_nodes, libraries
-    from ollie.optimizer.importing import to_graph
+    from ollie.optimizer.final import libraries
     from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
     from ollie.tune.cache import CostCache
 
     measure = importlib.import_module("ollie.tune.measure")
     ollie_settings(cache_dir=tmp_path, **QUICK)
-    m, x = _model()
-    graph = to_graph(m, (x,))
-    prog = all_nodes(graph)
-    feeds = {graph.input_names[0]: x}
-    want = run_graph(graph, feeds)
+    prog, feeds, want = _originals()
     calls: list[dict[str, list[float]]] = [
         {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 2.5]},  # ratios .5 .5 1.25
         {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 1.0]}]
