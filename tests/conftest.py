@@ -9,9 +9,10 @@ a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests 
 ``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
 every ``make test`` that their outcome does not depend on how busy the machine is.
 
-Every test, and every fixture wider than one test, sees a quiet machine (``Settings.load`` 0,
-:func:`_quiet_machine`, :func:`pytest_fixture_setup`), so whether a choice is re-measured
-before it is cached does not depend on the machine's real load.
+Every test, and every fixture wider than one test, sees a quiet machine (``Settings.load`` 0
+and no sample spread counted as load: :data:`QUIET`, :func:`_quiet_machine`,
+:func:`pytest_fixture_setup`), so whether a choice is re-measured before it is cached does
+not depend on the machine's real load.
 
 A test that needs other settings of Ollie (a cache directory of its own, compiling ahead off,
 Triton's interpreter, a clock or a sleep that only records) changes them with
@@ -22,6 +23,7 @@ environment or a module's globals: the settings are read from the environment on
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -36,6 +38,9 @@ from ollie.settings import Settings, using
 from ollie.testing.clock import stopped_clock
 
 CPU_HOG = Path(__file__).resolve().parent.parent / "tools" / "cpu_hog.py"
+
+QUIET = {"load": lambda: 0.0, "busy_spread": math.inf, "budget_clock": stopped_clock}
+"""The settings of a quiet machine that every test starts from (:func:`_quiet_machine`)."""
 
 settings.register_profile("ci", deadline=None, max_examples=50, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=200)
@@ -106,23 +111,23 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     :func:`_quiet_machine` applies to the first test that uses them."""
     if fixturedef.scope == "function":
         return (yield)
-    with using(load=lambda: 0.0, budget_clock=stopped_clock):
+    with using(**QUIET):
         return (yield)
 
 
 @pytest.fixture(autouse=True)
 def _quiet_machine(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test sees a quiet machine (load average 0): whether a measurement is re-checked
-    before it is cached (:func:`ollie.tune.decide.busy`) does not depend on what else runs;
-    and a stopped total-budget clock (``budget_clock``): what ``ollie.optimize``'s default
-    budget leaves unsearched does not depend on how busy the machine is. Tests of the
-    behaviour under load set ``load``, tests of the budget ``budget_clock``, with
-    :func:`ollie_settings`; tests marked ``process_settings`` (of the process's settings
-    themselves) run without the override."""
+    """Every test sees a quiet machine (load 0, and no spread of samples counts as busy):
+    whether a measurement is re-checked before it is cached (:func:`ollie.tune.decide.busy`)
+    does not depend on what else runs; and a stopped total-budget clock (``budget_clock``):
+    what ``ollie.optimize``'s default budget leaves unsearched does not depend on how busy
+    the machine is. Tests of the behaviour under load set ``load`` or ``busy_spread``, tests
+    of the budget ``budget_clock``, with :func:`ollie_settings`; tests marked
+    ``process_settings`` (of the process's settings themselves) run without the override."""
     if request.node.get_closest_marker("process_settings") is not None:
         yield
         return
-    with using(load=lambda: 0.0, budget_clock=stopped_clock):
+    with using(**QUIET):
         yield
 
 

@@ -96,6 +96,9 @@ class Settings:
     the machine's CPU time less this process's over the last seconds; the one-minute load
     average where that cannot be read); a measured choice made while it is high is measured
     again before it is kept (:func:`ollie.tune.decide.busy`). A test passes a constant.
+    ``busy_spread``: a baseline whose samples' relative spread is above it was measured on a
+    busy machine too (None: :data:`ollie.tune.decide.BUSY_SPREAD`); the test suite sets it to
+    infinity with ``load`` at 0, so that no test's choice depends on what else runs.
 
     ``pause_gc_while_timing``: Python's cyclic collector is off while a measurement times
     (:func:`ollie.tune.measure.gc_paused`).
@@ -135,6 +138,7 @@ class Settings:
     budget_clock: Clock = time.perf_counter
     sleep: Callable[[float], object] = time.sleep
     load: Callable[[], float] = others_load
+    busy_spread: float | None = None
     pause_gc_while_timing: bool = True
     defer_full_collections: bool = True
     implementations: Implementations = ALL

@@ -82,7 +82,7 @@ def test_without_paired_rounds_the_medians_are_compared_with_the_margin():
 
 def test_busy_reads_the_settings_load_and_the_spread(ollie_settings):
     quiet = [1.0, 1.01, 0.99, 1.0]
-    ollie_settings(load=lambda: 0.0)
+    ollie_settings(load=lambda: 0.0, busy_spread=None)  # the default spread limit
     assert not busy(quiet) and not busy()
     assert busy([1.0, 1.3, 0.8, 1.0, 1.25])  # 20% spread
     ollie_settings(load=lambda: decide.BUSY_LOAD * decide.cores() + 0.1)

@@ -119,8 +119,11 @@ def cores() -> int:
 def busy(base: Sequence[float] = ()) -> bool:
     """Whether a measurement whose baseline took ``base`` seconds per sample was made on a busy
     machine: the settings' ``load`` (cores other processes keep busy) above
-    :data:`BUSY_LOAD` per core, or the baseline's relative spread above :data:`BUSY_SPREAD`."""
-    return current().load() > BUSY_LOAD * cores() or relative_spread(base) > BUSY_SPREAD
+    :data:`BUSY_LOAD` per core, or the baseline's relative spread above the settings'
+    ``busy_spread`` (:data:`BUSY_SPREAD` unless set)."""
+    settings = current()
+    limit = BUSY_SPREAD if settings.busy_spread is None else settings.busy_spread
+    return settings.load() > BUSY_LOAD * cores() or relative_spread(base) > limit
 
 
 __all__ = ["BOUND_Z", "BUSY_LOAD", "BUSY_SPREAD", "MARGIN", "MIN_PAIRS", "RECHECK_ROUNDS",
