@@ -122,6 +122,12 @@ class Settings:
     off, a warm run assembles its program from the cost cache's decisions (what tests of
     those decisions need).
 
+    ``check_choices``: a remembered (or preferred) implementation of a matrix product is run
+    on its first operands and checked against ``torch.matmul`` before it is used
+    (:func:`ollie.exec.linear.chosen_product`). A recalled program's first run turns it off
+    (:mod:`ollie.optimizer.recall`): that run's outputs are checked against the model's
+    instead, and a program that fails that check is not used.
+
     ``choices``: the choice among implementations measured so far: per configuration key,
     the name of the implementation that measured fastest (read and written only through
     :class:`ollie.tune.choice.Choices`, :func:`ollie.tune.choice.shared`). Shared by every
@@ -144,6 +150,7 @@ class Settings:
     implementations: Implementations = ALL
     new_choices: Callable[[], bool] = _always
     recall_programs: bool = True
+    check_choices: bool = True
     choices: dict[Hashable, str] = field(default_factory=dict, compare=False, repr=False)
     choice_store: ChoiceStore | None = field(default=None, compare=False, repr=False)
 

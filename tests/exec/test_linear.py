@@ -182,7 +182,8 @@ def test_a_remembered_choice_computes_the_first_calls_product_once(monkeypatch,
                                                                     ollie_settings) -> None:
     """A runner's first call checks the remembered implementation against torch.matmul on
     its operands and returns that checked product: the chosen implementation runs once, not
-    once for the check and again for the output."""
+    once for the check and again for the output. With the settings' ``check_choices`` off,
+    nothing checks it."""
     table: dict = {}
     ollie_settings(choices=table, measure_clock=FakeClock(tick=2.0 ** -10))
     real = linear.implementations
@@ -211,3 +212,10 @@ def test_a_remembered_choice_computes_the_first_calls_product_once(monkeypatch,
     assert calls == {"MKL": 1, other: 1}  # the check's reference, and the chosen one once
     torch.testing.assert_close(run(x), want, rtol=1e-4, atol=1e-4)
     assert calls == {"MKL": 1, other: 2}
+    # with the settings' check_choices off (a recalled program's first run, whose outputs
+    # are checked instead) a new runner uses the remembered implementation unchecked
+    calls.clear()
+    ollie_settings(check_choices=False)
+    torch.testing.assert_close(linear.node_runner("MatMul", {}, w, None)(x), want,
+                               rtol=1e-4, atol=1e-4)
+    assert calls == {other: 1}

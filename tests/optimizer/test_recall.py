@@ -319,3 +319,33 @@ def test_a_program_found_by_the_modules_key_runs_with_the_stored_choices(
         warm = ollie.optimize(m, (x,), **FAST)
     assert "found by the module's own key" in warm.notes[-2]
     assert len(stores) == 1 and stores[0] is not None
+
+
+def test_a_recalled_programs_first_run_checks_its_outputs_not_each_product(
+        ollie_settings, tmp_path, monkeypatch):
+    """The recalled program's first run (on the check's random inputs) chooses its matrix
+    products with ``check_choices`` off: its outputs are checked against the module, each
+    remembered implementation is not checked against torch.matmul again. Outside that run the
+    setting is back on."""
+    from ollie.exec import linear
+
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh()).eval()
+    x = torch.randn(8, 16)
+    config = dict(FAST, choose_libraries=False)  # products run one by one, no regions
+    ollie.optimize(m, (x,), **config)
+    seen: list[bool] = []
+    real = linear.chosen_product
+
+    def recording(*args, **kwargs):
+        seen.append(current().check_choices)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(linear, "chosen_product", recording)
+    _no_optimising(monkeypatch)
+    warm = ollie.optimize(m, (x,), **config)
+    assert "from the cache" in warm.notes[-2]
+    assert seen and not any(seen) and current().check_choices
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)

@@ -204,14 +204,18 @@ def chosen_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
     """:func:`best_product`'s ``(name, fn)`` and ``fn(a, b)`` where computing it was part of
     the choice (a remembered or preferred implementation run on ``a`` and ``b`` to check it
     against ``torch.matmul``; computed in the caller's grad mode), else None: a caller that
-    needs the product of these operands uses it rather than computing it again."""
+    needs the product of these operands uses it rather than computing it again. With the
+    settings' ``check_choices`` off, a remembered or preferred implementation is used
+    unchecked."""
     policy = impls or current().implementations
     key = ("matmul", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), bias is None,
            activation, constant, *((policy.key,) if policy.key else ()))
     products = implementations(a, b, bias, activation, constant, policy)
     choices = choices if choices is not None else shared()
     chosen = prefer if prefer in products else choices.get(key)
-    if chosen == "MKL":  # what torch.matmul computes: nothing to check it against
+    # MKL is what torch.matmul computes: nothing to check it against; without
+    # ``check_choices`` the caller checks what the product feeds (a recalled program's run)
+    if chosen == "MKL" or (chosen in products and not current().check_choices):
         return chosen, products[chosen], None
     with torch.inference_mode():
         want = products["MKL"](a, b)
