@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -322,6 +323,27 @@ def test_the_quick_comparison_offers_the_original_operators_regions(
     assert len(timed) == 1 and cached == decision
 
 
+def _scripted_quick_comparison(monkeypatch, samples: Callable[[int], dict[str, list[float]]]
+                               ) -> list[set[str]]:
+    """The quick comparison's ``i``-th timing of the per-operator program against its regions
+    returns ``samples(i)`` (a convolution's choice among implementations is timed as usual);
+    returns the list each such timing appends its functions to."""
+    from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
+
+    measure = importlib.import_module("ollie.tune.measure")
+    timed: list[set[str]] = []
+    real = measure.measure_rounds
+
+    def rounds(fns, *args, **kwargs):
+        if set(fns) != {PER_OPERATOR, REGIONS}:  # a convolution's choice among implementations
+            return real(fns, *args, **kwargs)
+        timed.append(set(fns))
+        return measure.Timings(samples(len(timed) - 1))
+
+    monkeypatch.setattr(measure, "measure_rounds", rounds)
+    return timed
+
+
 def test_the_quick_comparison_measures_again_a_lead_one_noisy_round_left_undecided(
         ollie_settings, tmp_path, monkeypatch):
     """A large model's whole program gets few rounds in the quick comparison's time: its
@@ -332,22 +354,12 @@ def test_the_quick_comparison_measures_again_a_lead_one_noisy_round_left_undecid
     from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
     from ollie.tune.cache import CostCache
 
-    measure = importlib.import_module("ollie.tune.measure")
     ollie_settings(cache_dir=tmp_path, **QUICK)
     prog, feeds, want = _originals()
     calls: list[dict[str, list[float]]] = [
         {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 2.5]},  # ratios .5 .5 1.25
         {PER_OPERATOR: [2.0, 2.0, 2.0], REGIONS: [1.0, 1.0, 1.0]}]
-    timed: list[set[str]] = []
-    real = measure.measure_rounds
-
-    def rounds(fns, *args, **kwargs):
-        if set(fns) != {PER_OPERATOR, REGIONS}:  # a convolution's choice among implementations
-            return real(fns, *args, **kwargs)
-        timed.append(set(fns))
-        return measure.Timings(calls[len(timed) - 1])
-
-    monkeypatch.setattr(measure, "measure_rounds", rounds)
+    timed = _scripted_quick_comparison(monkeypatch, lambda i: calls[i])
     notes: list[str] = []
     got, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), notes,
                               CostCache(), timed=False)
@@ -360,3 +372,36 @@ def test_the_quick_comparison_measures_again_a_lead_one_noisy_round_left_undecid
     _, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), [], CostCache(),
                             timed=False)
     assert len(timed) == 1 and decision is not None and decision.choice == REGIONS
+
+
+def test_a_lead_still_undecided_after_the_second_measurement_goes_by_the_medians(
+        ollie_settings, tmp_path, monkeypatch):
+    """On a busy machine the per-operator program's spread widens the margin until no lead
+    is confident, however large: after both measurements the regions, ahead by the margin
+    on the medians of all rounds, are kept, and the note says how it was decided. A lead
+    within the margin is not."""
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.final import libraries
+    from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
+    from ollie.tune.cache import CostCache
+
+    ollie_settings(cache_dir=tmp_path, **QUICK)
+    prog, feeds, want = _originals()
+    noisy = [1.0, 3.0, 2.0, 0.6, 2.2, 1.4]  # median 1.7, relative spread 0.35: margin 0.53
+    samples = {PER_OPERATOR: noisy, REGIONS: [0.8] * 6}  # paired ratios' bound 0.8: undecided
+    timed = _scripted_quick_comparison(monkeypatch, lambda i: dict(samples))
+    notes: list[str] = []
+    got, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), notes,
+                              CostCache(), timed=False)
+    assert len(timed) == 2  # measured again, still undecided
+    assert decision is not None and decision.choice == REGIONS and got is not prog
+    assert any("decided by the medians" in n for n in notes), notes
+    # regions ahead by less than the margin on the medians: the program as it is
+    ollie_settings(cache_dir=tmp_path / "second")
+    timed.clear()
+    samples[REGIONS] = [1.68] * 6  # the medians' ratio 0.99: within the margin
+    notes.clear()
+    got, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.0), notes,
+                              CostCache(), timed=False)
+    assert len(timed) == 1 and decision is None and got is prog
+    assert not any("decided by the medians" in n for n in notes), notes

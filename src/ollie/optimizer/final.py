@@ -395,8 +395,12 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
     program of a large model gets few samples in :data:`QUICK_SECONDS`, and one noisy round
     among three decides nothing). A variant must match ``want``; ``prog``'s
     regions are kept only when faster than ``prog`` with confidence
-    (:func:`ollie.tune.decide.faster`); an alternative's regions, when faster than ``prog``
-    with confidence and ``prog``'s best is not :data:`~ollie.optimizer.libraries.
+    (:func:`ollie.tune.decide.faster`), or, when the second measurement still decides
+    nothing (a busy machine's spread widens the margin), ahead by the margin on the medians
+    of all rounds: each variant is a checked program of the model, ``prog``'s regions run its
+    own operators and an alternative's the original ones, so no incumbent needs protecting
+    and the medians are the best estimate there is; an alternative's regions, when faster
+    than ``prog`` in either sense and ``prog``'s best is not :data:`~ollie.optimizer.libraries.
     ALTERNATIVE_MARGIN` faster than them (as :func:`~ollie.optimizer.libraries.
     choose_libraries` keeps an alternative). The decision is cached apart from
     :func:`libraries`' (a comparison of every variant)."""
@@ -447,13 +451,19 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
             return [n for n in fns if n != PER_OPERATOR and
                     faster(timed.samples[n], timed.samples[PER_OPERATOR]).decided]
 
+        def ahead(timed: Timings) -> list[str]:
+            return [n for n in fns if n != PER_OPERATOR and
+                    timed.median(n) < (1 - MARGIN) * timed.median(PER_OPERATOR)]
+
         timed = rounds(0)
         wins = winners(timed)
-        if any(n not in wins and timed.median(n) < (1 - MARGIN) * timed.median(PER_OPERATOR)
-               for n in fns if n != PER_OPERATOR):  # ahead, not yet with confidence: as many
-            more = rounds(1)                       # rounds again, decided on all of them
+        by_medians = False
+        if any(n not in wins for n in ahead(timed)):  # ahead, not yet with confidence: as
+            more = rounds(1)                          # many rounds again, on all of them
             timed = Timings({n: timed.samples[n] + more.samples[n] for n in fns})
             wins = winners(timed)
+            if not wins and ahead(timed):  # still undecided (a busy machine's spread):
+                wins, by_medians = ahead(timed), True  # the medians decide
         doc = min([PER_OPERATOR] + [n for n in wins if n == REGIONS], key=timed.median)
         others = [n for n in wins if n != REGIONS]
         if others:
@@ -462,7 +472,9 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
                 doc = alt
         notes.append(f"convolution libraries, quick comparison: {doc} ("
                      + ", ".join(f"{n} {timed.median(n) * 1e3:.3f} ms" for n in fns)
-                     + f"; {len(timed.samples[PER_OPERATOR])} rounds)")
+                     + f"; {len(timed.samples[PER_OPERATOR])} rounds"
+                     + ("; no lead with confidence, decided by the medians" if by_medians
+                        else "") + ")")
         if cache is not None:
             cache.put_decision(key, doc)
     return offered[doc]
