@@ -119,8 +119,8 @@ def test_winograd_keeps_nan_within_the_tiles_that_read_it() -> None:
 @needs_onednn
 def test_best_conv_offers_winograd_and_a_preference_limits_the_choice(monkeypatch,
                                                                       ollie_settings) -> None:
-    # every timing reads one tick of a fake clock: no sample's spread makes the machine look
-    # busy, so the choice is remembered whatever else runs (:func:`ollie.tune.decide.busy`)
+    # equal samples on a ticking fake clock: the measurement does not depend on the machine
+    # (tests/conftest.py's QUIET settings also keep a spread from counting as load)
     ollie_settings(measure_clock=FakeClock(tick=2.0 ** -10))
     torch.manual_seed(2)
     w, b = torch.randn(16, 16, 3, 3), torch.randn(16)

@@ -193,8 +193,8 @@ def test_an_empty_private_table_is_asked_not_the_shared_one():
     if not onednn.available():
         pytest.skip("torch built without oneDNN: a single implementation, nothing chosen")
     mine = Choices()
-    # equal samples on a ticking fake clock: no spread makes the machine look busy, so the
-    # choice is remembered whatever else runs (ollie.tune.decide.busy)
+    # equal samples on a ticking fake clock: the measurement does not depend on the machine
+    # (tests/conftest.py's QUIET settings also keep a spread from counting as load)
     with using(choices={"sentinel": "x"}, sleep=lambda s: None,
                measure_clock=FakeClock(tick=2.0 ** -10)):
         w = torch.randn(4, 3, 3, 3)
