@@ -34,10 +34,16 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 
+# The tests run in TEST_JOBS worker processes (pytest-xdist), each test file in one worker
+# (its module fixtures made once): the suite keeps two cores busy, where one process left a
+# core idle during numba compiles and Python work. TEST_JOBS=0 runs them in this process.
+TEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
 test: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # `make test-load`: the whole suite while tools/cpu_hog.py keeps every core busy (one
 # busy-looping process per core, started before pytest and stopped when it ends, pass or fail;
@@ -49,7 +55,7 @@ test: $(STAMP)
 test-load: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) tools/cpu_hog.py >/dev/null & hog=$$!; \
-	$(PY) -m pytest -q; status=$$?; \
+	$(PYTEST); status=$$?; \
 	kill $$hog; wait $$hog; exit $$status
 
 # `make fuzz`: the fuzzing suite (tests/fuzz) with many generated cases each: malformed

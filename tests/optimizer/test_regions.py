@@ -201,7 +201,7 @@ def test_a_region_decision_is_reused_whatever_share_of_the_budget_it_had(
     real = regions._decide
 
     def counting(*args, **kwargs):
-        decided.append(args[8])  # its time budget
+        decided.append(args[8].seconds)  # its time budget
         return real(*args, **kwargs)
 
     monkeypatch.setattr(regions, "_decide", counting)

@@ -16,10 +16,12 @@ Each distinct subprogram still to be searched gets ``min(time_budget, max(MIN_SH
 decision is not cached (:meth:`Budget.plan`), ``overhead`` the mean time a search's selection
 took beyond its share so far; the selection's measurements last at most as long as that
 share, and it compiles and measures only the few plausible candidates
-(:mod:`ollie.optimizer.plausible`). Once the searches' part is spent, or what is left of it is
-less than that overhead, a subprogram not decided before (in this optimisation, or in the
-decision cache) keeps its original operator without a search (its report says ``"time
-budget"``).
+(:mod:`ollie.optimizer.plausible`); a sibling merge, a fused chain or a linear region gets one
+such share for all its searches, builds as few candidates, and measures them for as long
+(:class:`ollie.optimizer.plausible.Allowance`). Once the searches' part is spent, or what is
+left of it is less than that overhead, a subprogram not decided before (in this
+optimisation, or in the decision cache) keeps its original operator without a search (its
+report says ``"time budget"``).
 
 Every later phase checks the budget and falls back to the best program so far: sibling
 merges and chain fusion are not tried once no search would start (:meth:`Budget.out_of_time`),

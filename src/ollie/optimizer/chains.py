@@ -40,6 +40,7 @@ from ollie.ir import Expr, format_expr, rename_expr
 from ollie.ir.exprprogram import ExprProgram
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Placed
+from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.region import MergeSettings, Part
 from ollie.optimizer.rename import rename_kernels
 from ollie.optimizer.report import SubprogramReport
@@ -149,10 +150,11 @@ def flatten(expr: Expr) -> tuple[Expr, int]:
 def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
                constants: Mapping[str, np.ndarray], config: MergeSettings,
                cache: CostCache | None, rng: np.random.Generator,
-               memo: dict[str, ChainOutcome]) -> FusedChain | None:
+               memo: dict[str, ChainOutcome], allowance: Allowance) -> FusedChain | None:
     """The decision for ``chain`` (see the module docstring); ``individual`` holds the
     kernels its nodes got alone (the baseline), ``constants`` every constant tensor of the
-    model by name. None when the chain does not fuse into one expression."""
+    model by name, ``allowance`` what deciding it may spend. None when the chain does not
+    fuse into one expression."""
     fused = fused_expression(graph, chain)
     if fused is None:
         return None
@@ -162,17 +164,21 @@ def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
     key = f"chain|{fingerprint(expr)}"
     reused = key in memo
     if not reused:
-        ckey = (f"{key}|chain{CHAIN_VERSION}|{device_key(config.device)}|depth"
-                f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+        ckey, lookups = allowance.keys(
+            f"{key}|chain{CHAIN_VERSION}|{device_key(config.device)}|depth"
+            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
         found = None
-        doc = None if cache is None else cache.get_decision(ckey)
-        if doc is not None:
+        for lookup in lookups:
+            doc = None if cache is None else cache.get_decision(lookup)
+            if doc is None:
+                continue
             try:
                 found = ChainOutcome.from_json(doc, dict(expr.decls), tuple(expr.shape))
+                break
             except (OllieError, ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a malformed cached chain decision (%s)", str(exc)[:200])
         memo[key] = found or _decide(chain, expr, inverse, individual, constants, config,
-                                     cache, rng)
+                                     cache, rng, allowance)
         if cache is not None and found is None and not memo[key].unconfirmed:
             try:
                 cache.put_decision(ckey, memo[key].to_json())
@@ -197,7 +203,7 @@ def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
 def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
             individual: Sequence[Kernel], constants: Mapping[str, np.ndarray],
             config: MergeSettings, cache: CostCache | None,
-            rng: np.random.Generator) -> ChainOutcome:
+            rng: np.random.Generator, allowance: Allowance) -> ChainOutcome:
     """Flatten, search, verify and measure the fused chain against its nodes alone."""
     inputs = {x: (constants[n] if n in constants else
                   rng.standard_normal(expr.inputs[x]).astype(np.float32))
@@ -208,12 +214,12 @@ def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
         flat, merges = flatten(expr)
         steps = [fuse, *(Step("traversal_merging", "flatten the fused chain", "")
                          for _ in range(merges))]
-        res = derive(flat, max_depth=config.max_depth, time_budget=config.time_budget,
+        res = derive(flat, max_depth=config.max_depth, time_budget=allowance.seconds,
                      config=SearchConfig(max_candidates=config.max_candidates, seed=config.seed,
                                          roofline=machine_roofline(config.device, cache)))
     consts = {x: constant_array(v) for x, v in inputs.items() if inverse[x] in constants}
     acts = tuple((x, tuple(v.shape)) for x, v in inputs.items() if x not in consts)
-    for cand in res.candidates[:max(config.max_candidates, 1)]:
+    for cand in allowance.first(res.candidates, config.max_candidates):
         kernels = rename_kernels(list(cand.kernels), {}, cand.output, "y0", prefix="c")
         try:
             prog = postprocess(Program(acts, ("y0",), kernels, consts))
@@ -232,7 +238,8 @@ def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
     feed = {x: as_input(v, config.device, False) for x, v in inputs.items() if x not in consts}
     sel = select_program({"y0": expr}, programs, lambda: compiled.run(feed), inputs,
                          config.device, cache,
-                         baseline_key=f"chain-nodes|{program_key(base.kernels)}")
+                         baseline_key=f"chain-nodes|{program_key(base.kernels)}",
+                         **allowance.measuring())
     best = sel.best
     if best.candidate is None:
         return ChainOutcome(None, "its nodes alone", [], sel.baseline.seconds,

@@ -18,6 +18,7 @@ from ollie.graph.siblings import sibling_groups
 from ollie.optimizer.budget import Budget
 from ollie.optimizer.chains import ChainOutcome, chain_baseline, fuse_chain, splice
 from ollie.optimizer.config import OptimizeConfig
+from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.region import MergeOutcome, Part, merge_siblings
 from ollie.optimizer.regions import MIN_COMPUTE, RegionOutcome, derive_region
 from ollie.optimizer.report import Alternative, SubprogramReport
@@ -66,19 +67,40 @@ class MultiNode:
         log.warning(text)
         self.notes.append(text)
 
+    def allowance(self) -> Allowance | None:
+        """What deciding the next subprogram of several nodes may spend: its share of the
+        total budget (:meth:`~ollie.optimizer.budget.Budget.share`; None when none is left)
+        or, without a total budget, the configured search budget."""
+        cfg = self.config
+        seconds = self.budget.share() if self.budget.bounded else cfg.time_budget
+        return None if seconds is None else \
+            Allowance(seconds, cfg.time_budget, self.budget.bounded)
+
+    def spent(self, allowance: Allowance, t0: float) -> None:
+        """Account a decision of :meth:`allowance`, started at ``t0``, to the total budget
+        (what it took beyond its share counts as overhead for the next shares)."""
+        if self.budget.bounded:
+            self.budget.searched(allowance.seconds, self.budget.clock() - t0)
+
     def sibling_group(self, group: tuple[Node, ...], decided: dict[str, list[Kernel]]
                       ) -> list[Kernel] | None:
         """Decide the members alone (into ``decided``), then merged (:mod:`~ollie.optimizer.
         region`): the merged kernels when faster, else None (each keeps its own decision)."""
         start = len(self.report)
         decided.update((n.name, self.compute_node(n)) for n in group)
+        allowance = self.allowance()
+        if allowance is None:
+            return None
+        t0 = self.budget.clock()
         try:
             merged = merge_siblings(self.graph, group, [decided[n.name] for n in group],
                                     self.constants, self.config, self.cache, self.rng,
-                                    frozenset(self.channels_last), self.merged)
+                                    frozenset(self.channels_last), self.merged, allowance)
         except Exception as exc:  # never lose the model to one subprogram
             self.note(f"siblings {', '.join(n.name for n in group)}: not merged ({cause(exc)})")
             return None
+        finally:
+            self.spent(allowance, t0)
         self.notes += [merged.note] if merged is not None else []
         if merged is None or merged.outcome.kernels is None:
             return None
@@ -94,12 +116,19 @@ class MultiNode:
     def fused_chain(self, chain: Chain, chosen: list[Kernel], kernels: list[Kernel],
                     start: int) -> list[Kernel] | None:
         """The chain's fused kernels when kept (:func:`~ollie.optimizer.chains.splice`)."""
+        allowance = self.allowance()
+        if allowance is None:
+            return None
+        t0 = self.budget.clock()
         try:
             fused = fuse_chain(self.graph, chain, chain_baseline(chain, self.parts, chosen),
-                               self.constants, self.config, self.cache, self.rng, self.chained)
+                               self.constants, self.config, self.cache, self.rng, self.chained,
+                               allowance)
         except Exception as exc:  # never lose the model to one subprogram
             self.note(f"chain at {chain.sink.name}: not fused ({cause(exc)})")
             return None
+        finally:
+            self.spent(allowance, t0)
         self.notes += [fused.note] if fused is not None else []
         if fused is None or fused.outcome.kernels is None:
             return None
@@ -143,8 +172,8 @@ class MultiNode:
         """Decide ``region`` (its nodes already placed, decided alone, at the end of
         ``kernels``' members); when kept, its kernels replace theirs (in ``kernels``, the
         parts and the report), placed after its last node."""
-        seconds = self.budget.share() if self.budget.bounded else self.config.time_budget
-        if seconds is None:
+        allowance = self.allowance()
+        if allowance is None:
             return
         members = {n.name for n in region.nodes}
         individual = {p.nodes[0].name: p.chosen for p in self.parts
@@ -155,13 +184,13 @@ class MultiNode:
         try:
             with self.budget.phase("merge"):
                 done = derive_region(self.graph, region, individual, self.constants,
-                                     self.config, seconds, self.cache, self.rng, self.regioned)
+                                     self.config, allowance, self.cache, self.rng,
+                                     self.regioned)
         except Exception as exc:  # never lose the model to one subprogram
             self.note(f"region at {region.nodes[0].name}: not derived ({cause(exc)})")
             return
         finally:
-            if self.budget.bounded:
-                self.budget.searched(seconds, self.budget.clock() - t0)
+            self.spent(allowance, t0)
         if done is None:
             return
         self.notes.append(done.note)

@@ -9,15 +9,24 @@ operator's measured time: a roofline estimate is a lower bound of a program's ti
 rates, no cache misses), so a candidate estimated well above what the original measures
 cannot win and its compile would be wasted. Why these numbers:
 docs/design/029-cold-budget.md.
+
+Subprograms of several nodes (sibling merges, fused chains, linear regions) get an
+:class:`Allowance`: their share of the total budget as search time, the first
+:data:`PLAUSIBLE` candidates of each search, and measurements bounded by that share.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypedDict, TypeVar
 
+from ollie.optimizer.budget import MIN_SHARE
 from ollie.search.candidate import Candidate
 from ollie.tune.measure import measure
+
+T = TypeVar("T")
 
 PLAUSIBLE = 3
 """Candidates built and measured per subprogram under a total budget (8 without one,
@@ -52,4 +61,44 @@ def plausible(candidates: Sequence[Candidate], original_s: float, limit: int = P
     return keep
 
 
-__all__ = ["FAR_BEHIND", "PLAUSIBLE", "original_seconds", "plausible"]
+class Measuring(TypedDict, total=False):
+    """Keyword arguments bounding a selection's measurements."""
+
+    max_seconds: float
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What deciding one subprogram of several nodes may spend: ``seconds`` of search (its
+    share of a total budget, or the configured per-subprogram budget ``configured``) and,
+    under a total budget (``bounded``), only the first :data:`PLAUSIBLE` candidates of each
+    search, measured for at most ``max(seconds, MIN_SHARE)`` seconds."""
+
+    seconds: float
+    configured: float
+    bounded: bool = False
+
+    def first(self, candidates: Sequence[T], cap: int) -> list[T]:
+        """The candidates to build, in their rank order: the first ``cap`` (at least one),
+        and no more than :data:`PLAUSIBLE` under a total budget."""
+        n = max(cap, 1)
+        return list(candidates[:min(n, PLAUSIBLE) if self.bounded else n])
+
+    def measuring(self) -> Measuring:
+        """The keyword arguments bounding a selection's measurements
+        (:func:`ollie.optimizer.select.select_program`)."""
+        return Measuring(max_seconds=max(self.seconds, MIN_SHARE)) if self.bounded else \
+            Measuring()
+
+    def keys(self, full: str) -> tuple[str, tuple[str, ...]]:
+        """For a decision whose cache key is ``full`` when searched for the configured
+        budget: the key this one is stored under (``full|partial`` when searched for less,
+        kept apart so that it never replaces a full search) and the keys it is looked up
+        by, in order (a bounded run reuses either)."""
+        partial = f"{full}|partial"
+        store = partial if self.seconds < self.configured else full
+        return store, (full, partial) if self.bounded or store == partial else (full,)
+
+
+__all__ = ["FAR_BEHIND", "PLAUSIBLE", "Allowance", "Measuring", "original_seconds",
+           "plausible"]

@@ -43,6 +43,7 @@ from ollie.graph.siblings import canonical_members
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.match.eop import make_eop
 from ollie.optimizer.memory import memory_guard
+from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.rename import rename_kernels
 from ollie.optimizer.report import SubprogramReport
 from ollie.optimizer.select import MARGIN, as_input, layout_key, select_program
@@ -159,13 +160,14 @@ class MergedGroup:
 def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kernel]],
                    constants: Mapping[str, np.ndarray], config: MergeSettings,
                    cache: CostCache | None, rng: np.random.Generator,
-                   channels_last: frozenset[str], memo: dict[str, MergeOutcome]
-                   ) -> MergedGroup | None:
+                   channels_last: frozenset[str], memo: dict[str, MergeOutcome],
+                   allowance: Allowance) -> MergedGroup | None:
     """The decision for the sibling group ``nodes`` (see the module docstring);
     ``individual`` holds each member's kernels as decided alone (the baseline), ``constants``
     every constant tensor of the model by name (the members' lowering constants included),
-    ``channels_last`` the tensors the program likely holds channels-last. None when the
-    members cannot be merged (neither stacked as twins nor concatenated)."""
+    ``channels_last`` the tensors the program likely holds channels-last, ``allowance`` what
+    deciding it may spend. None when the members cannot be merged (neither stacked as twins
+    nor concatenated)."""
     try:
         lows = [graph.lower_node(n) for n in nodes]
     except OllieError as exc:
@@ -186,12 +188,14 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     reused = key in memo
     if not reused:
         weights = {k: constants[v] for k, v in inverse.items() if k != "x0"}
-        ckey = (f"{key}|merge{MERGE_VERSION}|{device_key(config.device)}|depth"
-                f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
-        found = None if cache is None else _cached(cache.get_decision(ckey), graph, act,
-                                                    weights, exprs)
+        ckey, lookups = allowance.keys(
+            f"{key}|merge{MERGE_VERSION}|{device_key(config.device)}|depth"
+            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+        found = None if cache is None else next(
+            (got for k in lookups
+             if (got := _cached(cache.get_decision(k), graph, act, weights, exprs))), None)
         memo[key] = found or _decide(graph, nodes, individual, constants, config, cache, rng,
-                                     cl, act, exprs, forms, weights)
+                                     cl, act, exprs, forms, weights, allowance)
         if cache is not None and found is None and not memo[key].unconfirmed:
             try:
                 cache.put_decision(ckey, memo[key].to_json())
@@ -247,7 +251,7 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
             constants: Mapping[str, np.ndarray], config: MergeSettings,
             cache: CostCache | None, rng: np.random.Generator, cl: frozenset[str], act: str,
             exprs: list[Expr], forms: list[tuple[Expr, list[Expr], str]],
-            weights: dict[str, np.ndarray]) -> MergeOutcome:
+            weights: dict[str, np.ndarray], allowance: Allowance) -> MergeOutcome:
     """Search, verify and measure the merged forms against the members' own decisions."""
     ys = tuple(f"y{i}" for i in range(len(nodes)))
     x = rng.standard_normal(graph.shape(act)).astype(np.float32)
@@ -257,14 +261,14 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
     with memory_guard():
         for merged, slices, how in forms:
             res = derive(merged, max_depth=config.max_depth,
-                         time_budget=config.time_budget / len(forms),
+                         time_budget=allowance.seconds / len(forms),
                          config=SearchConfig(max_candidates=config.max_candidates,
                                              seed=config.seed,
                                              roofline=machine_roofline(config.device, cache)))
             ncand += res.stats["candidates"]
             step = Step("expression_merging", f"{len(nodes)} siblings, {how}",
                         format_expr(merged))
-            for cand in res.candidates[:config.max_candidates]:
+            for cand in allowance.first(res.candidates, config.max_candidates):
                 built = _with_slices(cand, merged, slices, ys, step, weights)
                 if built is not None:
                     programs.append(built)
@@ -272,7 +276,8 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
                                        act, x, bool(cl))
         sel = select_program(dict(zip(ys, exprs, strict=True)), programs, baseline, inputs,
                              config.device, cache, baseline_key=base_key,
-                             margin=MERGE_MARGIN, channels_last=cl)
+                             margin=MERGE_MARGIN, channels_last=cl,
+                             **allowance.measuring())
     verified = sorted(((m.label, m.seconds) for m in sel.measured), key=lambda v: v[1])
     best = sel.best
     if best.candidate is None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from ollie.ir.exprprogram import ExprProgram
 from ollie.match.eop import make_eop
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Placed
+from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.region import MergeSettings
 from ollie.optimizer.rename import rename_kernels
 from ollie.optimizer.report import SubprogramReport
@@ -230,12 +231,12 @@ def _nested_sums(scope: Scope) -> bool:
 
 def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Kernel]],
                   constants: Mapping[str, np.ndarray], config: MergeSettings,
-                  time_budget: float, cache: CostCache | None, rng: np.random.Generator,
+                  allowance: Allowance, cache: CostCache | None, rng: np.random.Generator,
                   memo: dict[str, RegionOutcome]) -> DerivedRegion | None:
     """The decision for ``region`` (module docstring); ``individual`` holds each node's
     kernels as decided alone (by node name: the baseline), ``constants`` every constant of
-    the model by name, ``time_budget`` the seconds of search for the region. None when the
-    region does not lower or no rule applies to it."""
+    the model by name, ``allowance`` what deciding it may spend. None when the region does
+    not lower or no rule applies to it."""
     lowered = lower_region(graph, region, constants)
     if lowered is None:
         return None
@@ -258,13 +259,11 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
         # keyed by the configured search budget, not by this region's share of a total one
         # (which differs from run to run); a shorter search is kept apart ("|partial"), and a
         # bounded run reuses either, as subprogram decisions are (optimizer.budget.Budget.keys)
-        full = (f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
-                f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
-        partial = time_budget < config.time_budget
-        bounded = getattr(config, "total_budget", None) is not None
-        ckey = f"{full}|partial" if partial else full
+        ckey, lookups = allowance.keys(
+            f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
+            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
         found = None
-        for lookup in (full, f"{full}|partial") if bounded or partial else (full,):
+        for lookup in lookups:
             doc = None if cache is None else cache.get_decision(lookup)
             if doc is None:
                 continue
@@ -278,7 +277,7 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
             if not programs:
                 return None
             found = _decide(region, ep, references, names, programs, individual,
-                            canon_consts, config, time_budget, cache, rng)
+                            canon_consts, config, allowance, cache, rng)
             if cache is not None and not found.unconfirmed:
                 try:
                     cache.put_decision(ckey, found.to_json())
@@ -309,7 +308,7 @@ def _program(ep: ExprProgram, kernels: list[Kernel], consts: Mapping[str, np.nda
 def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
             names: Mapping[str, str], programs: list[tuple[ExprProgram, Step]],
             individual: Mapping[str, list[Kernel]], canon_consts: Mapping[str, np.ndarray],
-            config: MergeSettings, time_budget: float, cache: CostCache | None,
+            config: MergeSettings, allowance: Allowance, cache: CostCache | None,
             rng: np.random.Generator) -> RegionOutcome:
     """Derive, verify and measure ``programs`` against the nodes decided alone."""
     inputs = {n: (canon_consts[n] if n in canon_consts else
@@ -320,7 +319,7 @@ def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
     own = {n: fingerprint(e) for n, e in original.items()}
     candidates: list[tuple[Candidate, Program]] = []
     ncand = 0
-    share = time_budget / len(programs)
+    share = replace(allowance, seconds=allowance.seconds / len(programs))
     with memory_guard():
         for p, (prog, step) in enumerate(programs):
             built, found = _compose(prog, step, own, alone, share, config, cache, f"p{p}")
@@ -339,7 +338,8 @@ def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
                 if n not in canon_consts}
         sel = select_program(references, candidates, lambda: compiled.run(feed), inputs,
                              config.device, cache,
-                             baseline_key=f"region-nodes|{program_key(base.kernels)}")
+                             baseline_key=f"region-nodes|{program_key(base.kernels)}",
+                             **allowance.measuring())
     verified = sorted(((m.label, m.seconds) for m in sel.measured), key=lambda v: v[1])
     searched = [f"{s.rule}: {s.note}" for _, s in programs]
     best = sel.best
@@ -352,7 +352,7 @@ def _decide(region: Region, ep: ExprProgram, references: Mapping[str, Expr],
 
 
 def _compose(prog: ExprProgram, step: Step, own: Mapping[str, str], alone: list[Kernel],
-             time_budget: float, config: MergeSettings, cache: CostCache | None, tag: str
+             allowance: Allowance, config: MergeSettings, cache: CostCache | None, tag: str
              ) -> tuple[list[Candidate], int]:
     """The candidates of one derived program (module docstring, step 3) as raw kernels, and
     the number of candidates its searches found."""
@@ -363,13 +363,13 @@ def _compose(prog: ExprProgram, step: Step, own: Mapping[str, str], alone: list[
     found: dict[str, list[Candidate]] = {}
     ncand = 0
     for n, e in derived.items():
-        seconds = time_budget * (0.2 / len(derived) + 0.8 * work[n] / total)
+        seconds = allowance.seconds * (0.2 / len(derived) + 0.8 * work[n] / total)
         res = derive(e, max_depth=config.max_depth, time_budget=seconds,
                      config=SearchConfig(max_candidates=config.max_candidates,
                                          seed=config.seed,
                                          roofline=machine_roofline(config.device, cache)))
         ncand += res.stats["candidates"]
-        found[n] = list(res.candidates[:max(config.max_candidates, 1)])
+        found[n] = allowance.first(res.candidates, config.max_candidates)
         if not found[n]:
             return [], ncand
     stop = {n for n, _ in prog.inputs} | {n for n, _ in prog.defs}
