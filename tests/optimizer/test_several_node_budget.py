@@ -2,7 +2,8 @@
 chain search for their share of the budget, not the configured per-subprogram budget, build
 only the first ``PLAUSIBLE`` candidates of each search, and measure them for at most that
 share; their decisions are cached apart from a full search's. Without a total budget they
-get the configured budget and ``max_candidates``. Searches run on a stopped clock and return
+get the configured budget and ``max_candidates``. One the budget leaves no time for is not
+tried, and the budget's note names it. Searches run on a stopped clock and return
 a scripted number of candidates: what is counted is what was asked, never a time."""
 
 from __future__ import annotations
@@ -117,3 +118,29 @@ def test_a_shorter_search_is_stored_apart_and_a_bounded_run_reuses_either():
     assert Allowance(0.5, 2.0, bounded=True).first(list(range(20)), 8) == list(range(PLAUSIBLE))
     assert full.measuring() == {}
     assert Allowance(0.5, 2.0, bounded=True).measuring() == {"max_seconds": MIN_SHARE}
+
+
+def test_what_the_budget_left_untried_is_named_in_its_note(ollie_settings, monkeypatch,
+                                                           tmp_path):
+    """A sibling merge the total budget leaves no time for is not tried, and the budget's
+    note says so; the members keep their own decisions."""
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock, cache_dir=tmp_path)
+    monkeypatch.setattr(Budget, "out_of_time", lambda self: True)
+    m, inputs = _attention()
+    opt = ollie.optimize(m, inputs, **FAST, merge_siblings=True, fuse_chains=False,
+                         total_budget=1000.0)
+    note = next(n for n in opt.notes if n.startswith("total time budget"))
+    assert "; 1 merge(s), chain(s) or region(s) not tried (siblings linear_mm, linear_1_mm, " \
+        "linear_2_mm)" in note, note
+    assert all(len(r.nodes) == 1 for r in opt.report)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*inputs), m(*inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_the_note_names_the_first_three_untried():
+    budget = Budget(10.0, 1.0, stopped_clock)
+    for name in "abcd":
+        budget.untried.append(f"region at {name}")
+    assert budget.describe().endswith(
+        "; 4 merge(s), chain(s) or region(s) not tried (region at a; region at b; "
+        "region at c; ...)")

@@ -24,7 +24,8 @@ optimisation, or in the decision cache) keeps its original operator without a se
 report says ``"time budget"``).
 
 Every later phase checks the budget and falls back to the best program so far: sibling
-merges and chain fusion are not tried once no search would start (:meth:`Budget.out_of_time`),
+merges, chain fusion and linear regions are not tried once no search would start
+(:meth:`Budget.out_of_time`; the budget's note names them, :meth:`Budget.may_try`),
 whole-program comparisons that are not cached are skipped once a subprogram went unsearched or
 the budget is spent (:meth:`Budget.may_compare`), and once the budget is spent no choice
 among implementations is measured any more (:attr:`ollie.settings.Settings.new_choices`,
@@ -123,6 +124,9 @@ class Budget:
         self.overhead_s = 0.0  # summed time of selection beyond the search shares
         self.skipped: list[str] = []
         """The nodes that kept their original operator because the budget ran out."""
+        self.untried: list[str] = []
+        """The subprograms of several nodes (sibling merges, fused chains, linear regions, by
+        label) not tried because the budget ran out (:meth:`may_try`)."""
         self.phases: dict[str, float] = {}
         """Seconds spent per phase (:meth:`phase`), in the order they first ran."""
 
@@ -155,6 +159,15 @@ class Budget:
         left unsearched for the budget: what remains of it then goes to no optional work of
         the search phase (sibling merging, chain fusion)."""
         return self.share() is None or bool(self.skipped)
+
+    def may_try(self, label: str) -> bool:
+        """Whether the subprogram of several nodes ``label`` (a sibling merge, a fused chain, a
+        linear region) may be decided now: not :meth:`out_of_time`. When not, it is recorded
+        (:attr:`untried`, :meth:`describe`)."""
+        if self.out_of_time():
+            self.untried.append(label)
+            return False
+        return True
 
     def may_compare(self) -> bool:
         """Whether the whole-program comparisons not cached (library variants, the context
@@ -290,6 +303,9 @@ class Budget:
             text += (f"; {len(self.skipped)} subprogram(s) kept their original operator "
                      f"without a search ({', '.join(self.skipped[:5])}"
                      f"{', ...' if len(self.skipped) > 5 else ''})")
+        if self.untried:
+            text += (f"; {len(self.untried)} merge(s), chain(s) or region(s) not tried "
+                     f"({'; '.join(self.untried[:3])}{'; ...' if len(self.untried) > 3 else ''})")
         return text
 
 

@@ -133,7 +133,7 @@ class _Optimizer(MultiNode):
                 if self.progress:
                     self.progress(node.name, done, total)
                 done += 1
-                group = None if self.budget.out_of_time() else groups.get(node.name)
+                group = self.to_try(groups.get(node.name))
                 with self.budget.phase("merge", group is not None):
                     merged = None if group is None else self.sibling_group(group, decided)
                 if group is not None and merged is not None:
@@ -143,7 +143,7 @@ class _Optimizer(MultiNode):
                 chosen = decided.pop(node.name, None) or self.compute_node(node)
             else:
                 chosen = self.other_node(node)
-            chain = None if self.budget.out_of_time() else chains.get(node.name)
+            chain = self.to_try(chains.get(node.name))
             with self.budget.phase("merge", chain is not None):
                 fused = None if chain is None else self.fused_chain(chain, chosen, kernels,
                                                                     start)
@@ -154,8 +154,8 @@ class _Optimizer(MultiNode):
             kernels += chosen
             self.track_layout(node, chosen)
             self.parts.append(Part((node,), self.rewrite_keys.get(node.name), chosen))
-            if node.name in regions and not self.budget.out_of_time():
-                self.linear_region(regions[node.name], kernels)
+            if (region := self.to_try(regions.get(node.name))) is not None:
+                self.linear_region(region, kernels)
         if self.progress:
             self.progress("", done, total)
         inputs = tuple((n, tuple(self.graph.shape(n))) for n in self.graph.input_names)

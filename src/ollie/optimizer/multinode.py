@@ -7,6 +7,7 @@ report only when kept."""
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from ollie.program.kernel import Kernel
 from ollie.tune.cache import CostCache
 
 log = logging.getLogger(__name__)
+
+Several = TypeVar("Several", tuple[Node, ...], Chain, Region)
+"""A subprogram of several nodes: a sibling group, a contraction chain, a linear region."""
 
 
 def cause(exc: BaseException) -> str:
@@ -67,14 +71,23 @@ class MultiNode:
         log.warning(text)
         self.notes.append(text)
 
-    def allowance(self) -> Allowance | None:
-        """What deciding the next subprogram of several nodes may spend: its share of the
-        total budget (:meth:`~ollie.optimizer.budget.Budget.share`; None when none is left)
-        or, without a total budget, the configured search budget."""
+    def to_try(self, found: Several | None) -> Several | None:
+        """``found`` (a sibling group, a contraction chain or a linear region the walk
+        reached, or None) when the total budget lets it be decided now
+        (:meth:`~ollie.optimizer.budget.Budget.may_try`, which records it otherwise)."""
+        return found if found is not None and self.budget.may_try(label(found)) else None
+
+    def allowance(self, label: str) -> Allowance | None:
+        """What deciding the subprogram of several nodes ``label`` may spend: its share of
+        the total budget (:meth:`~ollie.optimizer.budget.Budget.share`; None when none is
+        left, and it is recorded as not tried) or, without a total budget, the configured
+        search budget."""
         cfg = self.config
         seconds = self.budget.share() if self.budget.bounded else cfg.time_budget
-        return None if seconds is None else \
-            Allowance(seconds, cfg.time_budget, self.budget.bounded)
+        if seconds is None:
+            self.budget.untried.append(label)
+            return None
+        return Allowance(seconds, cfg.time_budget, self.budget.bounded)
 
     def spent(self, allowance: Allowance, t0: float) -> None:
         """Account a decision of :meth:`allowance`, started at ``t0``, to the total budget
@@ -88,7 +101,7 @@ class MultiNode:
         region`): the merged kernels when faster, else None (each keeps its own decision)."""
         start = len(self.report)
         decided.update((n.name, self.compute_node(n)) for n in group)
-        allowance = self.allowance()
+        allowance = self.allowance(label(group))
         if allowance is None:
             return None
         t0 = self.budget.clock()
@@ -97,7 +110,7 @@ class MultiNode:
                                     self.constants, self.config, self.cache, self.rng,
                                     frozenset(self.channels_last), self.merged, allowance)
         except Exception as exc:  # never lose the model to one subprogram
-            self.note(f"siblings {', '.join(n.name for n in group)}: not merged ({cause(exc)})")
+            self.note(f"{label(group)}: not merged ({cause(exc)})")
             return None
         finally:
             self.spent(allowance, t0)
@@ -116,7 +129,7 @@ class MultiNode:
     def fused_chain(self, chain: Chain, chosen: list[Kernel], kernels: list[Kernel],
                     start: int) -> list[Kernel] | None:
         """The chain's fused kernels when kept (:func:`~ollie.optimizer.chains.splice`)."""
-        allowance = self.allowance()
+        allowance = self.allowance(label(chain))
         if allowance is None:
             return None
         t0 = self.budget.clock()
@@ -125,7 +138,7 @@ class MultiNode:
                                self.constants, self.config, self.cache, self.rng, self.chained,
                                allowance)
         except Exception as exc:  # never lose the model to one subprogram
-            self.note(f"chain at {chain.sink.name}: not fused ({cause(exc)})")
+            self.note(f"{label(chain)}: not fused ({cause(exc)})")
             return None
         finally:
             self.spent(allowance, t0)
@@ -172,7 +185,7 @@ class MultiNode:
         """Decide ``region`` (its nodes already placed, decided alone, at the end of
         ``kernels``' members); when kept, its kernels replace theirs (in ``kernels``, the
         parts and the report), placed after its last node."""
-        allowance = self.allowance()
+        allowance = self.allowance(label(region))
         if allowance is None:
             return
         members = {n.name for n in region.nodes}
@@ -187,7 +200,7 @@ class MultiNode:
                                      self.config, allowance, self.cache, self.rng,
                                      self.regioned)
         except Exception as exc:  # never lose the model to one subprogram
-            self.note(f"region at {region.nodes[0].name}: not derived ({cause(exc)})")
+            self.note(f"{label(region)}: not derived ({cause(exc)})")
             return
         finally:
             self.spent(allowance, t0)
@@ -207,4 +220,13 @@ class MultiNode:
             self.track_layout(n, done.kernels)
 
 
-__all__ = ["MultiNode", "cause"]
+def label(found: tuple[Node, ...] | Chain | Region) -> str:
+    """How notes name a sibling group, a contraction chain or a linear region."""
+    if isinstance(found, Chain):
+        return f"chain at {found.sink.name}"
+    if isinstance(found, Region):
+        return f"region at {found.nodes[0].name}"
+    return f"siblings {', '.join(n.name for n in found)}"
+
+
+__all__ = ["MultiNode", "cause", "label"]
