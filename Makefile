@@ -35,8 +35,8 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # The tests run in TEST_JOBS worker processes (pytest-xdist), each test file in one worker
-# (its module fixtures made once): the suite keeps two cores busy, where one process left a
-# core idle during numba compiles and Python work. TEST_JOBS=0 runs them in this process.
+# (its module fixtures made once), so both cores are busy during numba compiles and Python
+# work (docs/design/038-test-workers.md). TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
