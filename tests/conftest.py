@@ -9,6 +9,13 @@ a fake clock (:mod:`ollie.testing.clock`) or counts calls and steps. Such tests 
 ``@pytest.mark.timing`` and run with :func:`cpu_hog`, every core kept busy, which shows in
 every ``make test`` that their outcome does not depend on how busy the machine is.
 
+Every test, and every fixture wider than one test, keeps generated kernels in one kernel
+directory (:data:`SUITE_DIRS`: the one the process's settings name, ``~/.cache/ollie/kernels``
+by default), also when it keeps its decisions in a cache directory of its own: kernels are
+keyed by their text, so a kernel one test generated is not compiled again by another (the
+Winograd transforms take seconds each to compile). A test of where kernels are kept sets
+``kernel_dir=None`` (kernels under its cache directory) with :func:`ollie_settings`.
+
 Every test, and every fixture wider than one test, sees a quiet machine (``Settings.load`` 0
 and no sample spread counted as load: :data:`QUIET`, :func:`_quiet_machine`,
 :func:`pytest_fixture_setup`), so whether a choice is re-measured before it is cached does
@@ -34,13 +41,17 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from ollie.settings import Settings, using
+from ollie.settings import Settings, process_settings, using
 from ollie.testing.clock import stopped_clock
 
 CPU_HOG = Path(__file__).resolve().parent.parent / "tools" / "cpu_hog.py"
 
 QUIET = {"load": lambda: 0.0, "busy_spread": math.inf, "budget_clock": stopped_clock}
 """The settings of a quiet machine that every test starts from (:func:`_quiet_machine`)."""
+
+SUITE_DIRS: dict[str, Path] = {}
+"""The ``kernel_dir`` of every test (see the module docstring), set when the suite is
+configured."""
 
 settings.register_profile("ci", deadline=None, max_examples=50, derandomize=True)
 settings.register_profile("dev", deadline=None, max_examples=200)
@@ -66,6 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    SUITE_DIRS["kernel_dir"] = process_settings().cache_root / "kernels"
     config.addinivalue_line(
         "markers", "timing: tests a time budget or a measurement (with a fake clock or by "
         "counting); runs with the cpu_hog fixture: every core kept busy")
@@ -111,7 +123,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     :func:`_quiet_machine` applies to the first test that uses them."""
     if fixturedef.scope == "function":
         return (yield)
-    with using(**QUIET):
+    with using(**QUIET, **SUITE_DIRS):
         return (yield)
 
 
@@ -127,7 +139,7 @@ def _quiet_machine(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("process_settings") is not None:
         yield
         return
-    with using(**QUIET):
+    with using(**QUIET, **SUITE_DIRS):
         yield
 
 

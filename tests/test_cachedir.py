@@ -69,3 +69,16 @@ def test_a_read_only_cache_directory_is_not_used(tmp_path, caplog):
             assert cache.get("k") == 3.0
     finally:
         ro.chmod(0o700)
+
+
+def test_kernels_go_to_the_kernel_directory_when_one_is_set(tmp_path):
+    with using(cache_dir=tmp_path / "cache", kernel_dir=None):
+        under = compile_cpu(EXPR)
+    assert under.path.parent == tmp_path / "cache" / "kernels"
+    with using(cache_dir=tmp_path / "cache", kernel_dir=str(tmp_path / "kernels")):
+        apart = compile_cpu(EXPR)
+        costs = CostCache()
+        costs.put("k", 1.0)
+    assert apart.path.parent == tmp_path / "kernels"  # a str is taken as a Path
+    assert not (tmp_path / "kernels" / "costs.sqlite").exists()  # decisions stay in the cache
+    np.testing.assert_allclose(apart({"A": np.ones((6, 7), np.float32)}), np.full((6, 7), 4.0))

@@ -74,6 +74,10 @@ class Settings:
 
     ``cache_dir``: where measurements, decisions and generated kernels are kept; None:
     ``~/.cache/ollie``. Used only when private to the user (:mod:`ollie.cachedir`).
+    ``kernel_dir``: where generated kernel modules (and numba's code for them) are kept when
+    not under the cache directory; None: ``kernels`` under it. Kernels are keyed by their
+    text, so one kernel directory may serve several cache directories (the test suite shares
+    one among tests that each keep their own decisions).
 
     ``precompile``: compile the generated CPU kernels of a subprogram's candidates ahead, side
     by side on every core (:mod:`ollie.codegen.precompile`); off: each compiles on first use.
@@ -136,6 +140,7 @@ class Settings:
     """
 
     cache_dir: Path | None = None
+    kernel_dir: Path | None = None
     precompile: bool = True
     cuda_graphs: bool = True
     cuda_interpret: bool = False
@@ -155,8 +160,9 @@ class Settings:
     choice_store: ChoiceStore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.cache_dir, str):  # using(cache_dir="...") as with a Path
-            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        for name in ("cache_dir", "kernel_dir"):  # using(cache_dir="...") as with a Path
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
 
     @property
     def cache_root(self) -> Path:

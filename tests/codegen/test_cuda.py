@@ -226,9 +226,12 @@ def test_gpu_kernel_refuses_cpu_tensors(cache_dir):
 
 @needs_triton
 def test_cache_dir_from_the_settings(tmp_path):
-    with using(cache_dir=tmp_path):
+    with using(cache_dir=tmp_path, kernel_dir=None):
         kernel = compile_cuda("A: [3]\nL<i=0:3> A[2 - i] * 3", interpret=True)
     assert kernel.path.parent == tmp_path / "kernels"  # as the CPU kernels
+    with using(cache_dir=tmp_path, kernel_dir=tmp_path / "elsewhere"):
+        kernel = compile_cuda("A: [3]\nL<i=0:3> A[2 - i] * 3", interpret=True)
+    assert kernel.path.parent == tmp_path / "elsewhere"  # the kernel directory set
     np.testing.assert_allclose(kernel({"A": torch.tensor([1.0, 2.0, 3.0])}).numpy(),
                                [9.0, 6.0, 3.0])
 

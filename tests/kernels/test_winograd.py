@@ -436,7 +436,7 @@ def test_transforms_compiled_ahead_in_workers_load_without_compiling(tmp_path, m
     agrees with ``F.conv2d``."""
     from ollie.kernels import winograd_codegen as wc
 
-    ollie_settings(cache_dir=tmp_path, precompile=True)
+    ollie_settings(cache_dir=tmp_path, kernel_dir=None, precompile=True)  # an empty one
     monkeypatch.setattr(wc, "_MODULES", {})
     ollie_settings(choices={})
     specs = [("in", 4, 3, 12), ("out", 4, 3, 12)]

@@ -287,10 +287,11 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path, ollie_set
     from ollie.optimizer import select
     monkeypatch.setattr(select.Selection, "best", property(
         lambda self: min(self.measured, key=lambda m: m.seconds, default=self.baseline)))
-    # two candidates per subprogram, no library choice: neither is under test here, and each
-    # candidate's eOperators are compiled (most of this test's time with a cold kernel cache)
+    # two candidates per subprogram, no library choice and no hand-written kernel: none is
+    # under test here, and each candidate's eOperators are compiled (most of this test's time
+    # with a cold kernel cache; the original operators' Winograd forms were a third of it)
     cfg = dict(time_budget=5.0, max_depth=2, settle=0.0, max_candidates=2,
-               choose_libraries=False)
+               choose_libraries=False, kernel_library=False)
     opt = ollie.optimize(m, (x,), "cpu", **cfg)
     rewritten = [r for r in opt.report if r.not_kept is not None]
     assert seen and rewritten, opt.summary()

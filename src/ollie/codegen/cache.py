@@ -45,6 +45,7 @@ from types import ModuleType
 
 from ollie.cachedir import cache_root, checked_dir
 from ollie.codegen.nests import nest_path, nest_stem, split_module
+from ollie.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,11 @@ CODEGEN_VERSION = 26
 
 
 def default_cache_dir() -> Path:
-    """``kernels`` under the cache directory (:func:`ollie.cachedir.cache_root`), checked to
-    be private and writable like it (else a private temporary one)."""
-    return checked_dir(cache_root() / "kernels")
+    """The settings' kernel directory (:attr:`ollie.settings.Settings.kernel_dir`), else
+    ``kernels`` under the cache directory (:func:`ollie.cachedir.cache_root`); checked to be
+    private and writable like it (else a private temporary one)."""
+    chosen = current().kernel_dir
+    return checked_dir(chosen if chosen is not None else cache_root() / "kernels")
 
 
 def decls_key(decls: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
