@@ -80,5 +80,6 @@ def test_kernels_go_to_the_kernel_directory_when_one_is_set(tmp_path):
         costs = CostCache()
         costs.put("k", 1.0)
     assert apart.path.parent == tmp_path / "kernels"  # a str is taken as a Path
-    assert not (tmp_path / "kernels" / "costs.sqlite").exists()  # decisions stay in the cache
+    assert (tmp_path / "cache" / "costs.sqlite").exists()  # decisions stay in the cache
+    assert not (tmp_path / "kernels" / "costs.sqlite").exists()
     np.testing.assert_allclose(apart({"A": np.ones((6, 7), np.float32)}), np.full((6, 7), 4.0))
