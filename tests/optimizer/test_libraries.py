@@ -216,7 +216,8 @@ def test_optimize_offers_and_reports_the_original_operators(monkeypatch):
     originals = _originals(graph, cfg)
     seen = {}
 
-    def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None, settle=0.0):
+    def originals_win(prog, feeds, want, rtol, decided=None, alternatives=None, settle=0.0,
+                      build=None):
         seen.update(alternatives or {})
         return alternatives["original operators"], \
             LibraryDecision(PER_OPERATOR, "original operators"), \

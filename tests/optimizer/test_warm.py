@@ -104,3 +104,36 @@ def test_a_program_that_disagrees_on_random_inputs_is_not_agreed(ollie_settings,
     wrong = {k: v + 1.0 for k, v in want.items()}
     assert not agrees(prog.program, Reference(feeds, wrong, 1e-4), cfg, "test", notes)
     assert len(notes) == 1 and "disagrees with the model on random inputs" in notes[0]
+
+
+def test_the_library_comparison_times_the_program_the_check_compiled(ollie_settings, tmp_path,
+                                                                     monkeypatch):
+    """The checked program's per-operator variant is the program itself: the comparison of
+    its library variants times the compiled program the check built, not a second one."""
+    from ollie.optimizer import final
+
+    ollie_settings(cache_dir=tmp_path)
+    m, x = _model()
+    compared: list[object] = []
+    real_choose = final.choose_libraries
+
+    def choose(prog, *args, **kwargs):
+        compared.append(prog)
+        return real_choose(prog, *args, **kwargs)
+
+    built: list[object] = []
+    real_init = CompiledProgram.__init__
+
+    def init(self, program, *args, **kwargs):
+        built.append(program)
+        real_init(self, program, *args, **kwargs)
+
+    monkeypatch.setattr(final, "choose_libraries", choose)
+    monkeypatch.setattr(CompiledProgram, "__init__", init)
+    opt = ollie.optimize(m, (x,), **{**FAST, "derivation": False})  # two convolutions
+    monkeypatch.undo()
+    (prog,) = compared
+    assert sum(p is prog for p in built) == 1
+    assert any(n.startswith("convolution libraries: ") for n in opt.notes), opt.notes
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-4, atol=1e-5)

@@ -104,6 +104,11 @@ class Reference:
             done = self.built[id(prog)] = CompiledProgram(prog, device)
         return done
 
+    def builder(self, prog: Program, device: str) -> Callable[[Program], CompiledProgram]:
+        """How a comparison of ``prog``'s library variants compiles each: ``prog`` (the
+        per-operator variant) as compiled for this check (:meth:`compiled`), others anew."""
+        return lambda p: self.compiled(p, device) if p is prog else CompiledProgram(p, device)
+
 
 def example_feeds(graph: Graph, examples: Sequence[object] | torch.Tensor | None, device: str,
                   notes: list[str]) -> dict[str, torch.Tensor]:
@@ -291,7 +296,7 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
                      + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
         alternatives = {ORIGINALS: originals} if originals is not None else {}
         chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives,
-                                     timed)
+                                     timed, ref.builder(candidate, "cpu"))
         if chosen is not candidate and (
                 not agrees(chosen, ref, cfg, "library choice's", notes) or
                 confirm(chosen, ref, cfg, "library choice's", notes) is None):
@@ -328,6 +333,10 @@ def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
     return pinned, max(rel_err(got[o], want[o]) for o in graph.outputs)
 
 
+def _anew(prog: Program) -> CompiledProgram:
+    return CompiledProgram(prog, "cpu")
+
+
 def program_digest(prog: Program) -> str:
     """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
     doc = json.dumps([prog.inputs, prog.outputs,
@@ -339,12 +348,14 @@ def program_digest(prog: Program) -> str:
 def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
               cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
-              timed: bool = True) -> tuple[Program, LibraryDecision | None]:
+              timed: bool = True, build: Callable[[Program], CompiledProgram] | None = None
+              ) -> tuple[Program, LibraryDecision | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
     and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
     decision found in ``cache`` is applied; without one the variants are not timed (a note
-    says so) but for :func:`quick_regions`, whose time is bounded."""
+    says so) but for :func:`quick_regions`, whose time is bounded. ``build``: how a variant
+    is compiled (:meth:`Reference.builder`; default: anew)."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -361,10 +372,10 @@ def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             notes.append("convolution libraries and the original operators not compared in "
                          "the whole program: the total time budget ran out and no choice "
                          "was cached")
-            return quick_regions(prog, feeds, want, cfg, notes, cache, alternatives)
+            return quick_regions(prog, feeds, want, cfg, notes, cache, alternatives, build)
         return prog, None
     prog, decision, note = choose_libraries(prog, feeds, want, cfg.check_rtol, decided,
-                                            alternatives, settle=cfg.settle)
+                                            alternatives, settle=cfg.settle, build=build)
     if note:
         notes.append(note)
     if cache is not None and decision is not None and decision != decided:
@@ -382,7 +393,8 @@ measurements)."""
 
 def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
                   want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
-                  cache: CostCache | None, alternatives: Mapping[str, Program] | None = None
+                  cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
+                  build: Callable[[Program], CompiledProgram] | None = None
                   ) -> tuple[Program, LibraryDecision | None]:
     """The one whole-program library comparison made when a total budget left subprograms
     unsearched or is spent (its time is bounded: part of the end-to-end check,
@@ -403,7 +415,7 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
     than ``prog`` in either sense and ``prog``'s best is not :data:`~ollie.optimizer.libraries.
     ALTERNATIVE_MARGIN` faster than them (as :func:`~ollie.optimizer.libraries.
     choose_libraries` keeps an alternative). The decision is cached apart from
-    :func:`libraries`' (a comparison of every variant)."""
+    :func:`libraries`' (a comparison of every variant). ``build``: as :func:`libraries`'."""
     from ollie.optimizer.libraries import PER_OPERATOR, REGIONS, variant
     from ollie.tune.decide import MARGIN, faster
     from ollie.tune.measure import Timings, measure_rounds, settled_lead
@@ -427,7 +439,7 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
         spinning: set[str] = set()
         for name, (p, _) in offered.items():
             try:
-                compiled = CompiledProgram(p, "cpu")
+                compiled = (build or _anew)(p)
                 got = compiled.run(feeds)
             except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
                 log.info("%s not compared: %s", name, exc)

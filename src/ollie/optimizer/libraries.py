@@ -35,6 +35,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +47,9 @@ from ollie.program.params import ConvParams, KernelKind, NodeParams
 from ollie.program.program import Program
 from ollie.settings import current
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
+
+if TYPE_CHECKING:
+    from ollie.exec.executor import CompiledProgram
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +184,8 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
                      decided: LibraryDecision | str | None = None,
                      alternatives: Mapping[str, Program] | None = None,
-                     settle: float = SETTLE_SECONDS
+                     settle: float = SETTLE_SECONDS,
+                     build: Callable[[Program], CompiledProgram] | None = None
                      ) -> tuple[Program, LibraryDecision | None, str | None]:
     """The fastest of ``prog`` (per-operator library choices) and its variants of
     :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
@@ -190,10 +195,14 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     (decisions with an ``alternative``), and checked the same way. ``decided``: a decision
     made before (e.g. from the cost cache; a string: a choice for ``prog`` itself), applied
     without timing (a variant is still checked). ``settle``: seconds idle before the samples
-    around a variant whose ONNX Runtime session spins (0: none). Returns the program, the
+    around a variant whose ONNX Runtime session spins (0: none). ``build``: how a variant is
+    compiled (default: a new :class:`~ollie.exec.executor.CompiledProgram` on the CPU; the
+    optimizer's reuses the one its check built for ``prog``). Returns the program, the
     decision and a note (both None when there is nothing to choose)."""
     from ollie.exec.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
+
+    make = build or (lambda p: CompiledProgram(p, "cpu"))
 
     alternatives = alternatives or {}
     if isinstance(decided, str):
@@ -217,12 +226,13 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
             if decided in (None, d) and (v := variant(program, n)) is not None:
                 variants[d.name], decisions[d.name] = v, d
     if decided is not None and decided.name not in variants:  # stale: time them all
-        return choose_libraries(prog, feeds, want, rtol, None, alternatives, settle=settle)
+        return choose_libraries(prog, feeds, want, rtol, None, alternatives, settle=settle,
+                                build=build)
     fns: dict[str, Callable[[], object]] = {}
     spinning: set[str] = set()
     for name, program in variants.items():
         try:
-            compiled = CompiledProgram(program, "cpu")
+            compiled = make(program)
             if compiled.spins:
                 spinning.add(name)
             got = compiled.run(feeds)  # the first call makes the per-operator choices
