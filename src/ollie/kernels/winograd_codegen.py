@@ -4,17 +4,19 @@ matrices of ``F(m, r)`` (:func:`matrices`) and the numba modules of the input tr
 ``F(m, r)`` and channel block (:func:`block`) and kept in the kernel cache
 (:mod:`ollie.codegen.cache`).
 
-Per tile, each transform is two passes, down the columns then along the rows; a pass runs one
-loop over channels per column (row) that loads the column's ``n`` elements and stores its
-results, with the matrices' non-zero coefficients written out. Scratch rows (and the
-transformed input's rows) are a channel block long, a compile-time constant, so all of a
-loop's scratch accesses fall into one of LLVM's runtime alias-check groups and the loop
-vectorises; indices into a row are a constant plus the loop variable, never a sum that
-numba's negative-index wrap-around would check per element. Interior tiles read the input
-directly; tiles at the border gather a zero-padded patch first.
+Per tile, each transform is two passes, down the columns then along the rows; a pass is a
+loop over columns (rows) around one loop over channels that loads the column's ``n`` elements
+and stores its results, with the matrices' non-zero coefficients written out (they are the
+same for every column, so the column is a loop variable, not written out: the text numba
+types and lowers is ``n`` times smaller). Scratch rows (and the transformed input's rows) are
+a channel block long, a compile-time constant, so a row's offset is a constant times the
+column plus a constant, all of a loop's scratch accesses fall into one of LLVM's runtime
+alias-check groups and the loop vectorises; an index is that offset, set before the loop over
+channels, plus the loop variable. Interior tiles read the input directly; tiles at the border
+gather a zero-padded patch first.
 
-Why this form (measured against one loop per transformed element and against offsets added
-into the index): docs/design/004-winograd-convolutions.md.
+Why this form (measured against one loop per transformed element, against offsets added into
+the index, and against one loop per column written out): docs/design/004-winograd-convolutions.md.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-KERNEL_VERSION = 11
+KERNEL_VERSION = 12
 """Part of the generated modules' names: bump it whenever the generated text changes, so
 that modules of an older generator in the kernel cache are not imported (history:
 docs/design/010-caches.md)."""
@@ -122,35 +124,62 @@ def block(channels: int) -> int:
     return max(step, -(-channels // step) * step)
 
 
-def transform_pass(mat: list[list[Fraction]], rows: int, n: int,
-                   load: Callable[[int, int], str], store: Callable[[int, int], str], cols: int,
-                   count: str) -> list[str]:
-    """``dst(i, j) = sum_k mat[i][k] src(k, j)`` for ``i < rows``, ``j < cols``: per ``j`` one
-    loop over channels ``c < count`` that loads ``src(0 .. n-1, j)`` and stores ``dst(0 ..
-    rows-1, j)`` (``load`` / ``store`` give an element's access from its two indices)."""
-    lines = []
-    for j in range(cols):
-        lines.append(f"for c in range({count}):")
-        lines += [f"    d{k} = {load(k, j)}" for k in range(n)]
-        lines += [f"    {store(i, j)} = "
-                  + lincomb(mat[i], [f"d{k}" for k in range(n)]) for i in range(rows)]
-    return lines
+Access = Callable[[int, str], tuple[list[str], str]]
+"""An element accessor of a transform pass: for row ``a`` of the column held in the loop
+variable named by the second argument, the lines that set up its offset once per column
+(before the loop over channels) and the element's expression at channel ``c``."""
 
 
-def scratch_row(array: str, width: int, cb: int, swap: bool = False) -> Callable[[int, int], str]:
-    """Element ``(a, b)`` of a scratch ``array`` of ``width``-row blocks of ``cb`` channels,
-    at channel ``c`` (``(b, a)`` with ``swap``): a constant offset plus ``c``, folded here
-    rather than left to numba to type and LLVM to fold."""
-    def access(a: int, b: int) -> str:
-        if swap:
-            a, b = b, a
-        off = (a * width + b) * cb
-        return f"{array}[{off} + c]" if off else f"{array}[c]"
+def transform_pass(mat: list[list[Fraction]], rows: int, n: int, load: Access, store: Access,
+                   cols: int, count: str) -> list[str]:
+    """``dst(i, j) = sum_k mat[i][k] src(k, j)`` for ``i < rows``, ``j < cols``: one loop
+    over columns ``j`` and in it one loop over channels ``c < count`` that loads the
+    ``src(k, j)`` it needs and stores ``dst(0 .. rows-1, j)`` (``load`` / ``store`` give an
+    element's access). The coefficients do not depend on ``j``, so the column is a runtime
+    loop: the generated text, and numba's work typing it, is ``cols`` times smaller than one
+    loop per column written out (docs/design/004-winograd-convolutions.md)."""
+    used = [k for k in range(n) if any(mat[i][k] != 0 for i in range(rows))]
+    setup: list[str] = []
+    loads: dict[int, str] = {}
+    for k in used:
+        lines, loads[k] = load(k, "j")
+        setup += lines
+    stores = []
+    for i in range(rows):
+        lines, text = store(i, "j")
+        setup += lines
+        stores.append(text)
+    body = [f"    for c in range({count}):"]
+    body += [f"        d{k} = {loads[k]}" for k in used]
+    body += [f"        {stores[i]} = " + lincomb(mat[i], [f"d{k}" for k in range(n)])
+             for i in range(rows)]
+    return [f"for j in range({cols}):", *("    " + line for line in dict.fromkeys(setup)),
+            *body]
+
+
+def scratch_row(array: str, width: int, cb: int, swap: bool = False) -> Access:
+    """Element ``(a, j)`` of a scratch ``array`` of ``width``-row blocks of ``cb`` channels,
+    at channel ``c`` (``(j, a)`` with ``swap``): an offset set once per column plus ``c``, so
+    that every access of a loop over channels is the row's start plus the loop variable."""
+    def access(a: int, j: str) -> tuple[list[str], str]:
+        const, step = (a * cb, width * cb) if swap else (a * width * cb, cb)
+        name = f"o_{array}{a}"
+        return [f"{name} = {const} + {j} * {step}"], f"{array}[{name} + c]"
     return access
 
 
-def _offset(var: str, k: int) -> str:
-    return f"{var} + dil * {k}" if k else var
+def input_access(dil: str) -> Access:
+    """Element ``(k, j)`` of an input patch read in place from ``x`` (``[batch, row, column,
+    channel]``): rows ``row0 .. row{n-1}`` are set before the pass (:func:`patch_rows`), the
+    column from ``x0`` and the step ``dil``."""
+    def access(k: int, j: str) -> tuple[list[str], str]:
+        return [f"col = x0 + {dil} * {j}"], f"x[b, row{k}, col, c]"
+    return access
+
+
+def patch_rows(n: int, dil: str) -> list[str]:
+    """The rows an :func:`input_access` pass reads: ``row{k} = y0 + dil * k``."""
+    return [f"row{k} = y0 + {dil} * {k}" for k in range(n)]
 
 
 def indented(lines: list[str], depth: int) -> str:
@@ -303,8 +332,7 @@ def _input_source(m: int, r: int, cb: int, canonical: str) -> str:
     h = scratch_row("h", n, cb)
     # down the columns: h(i, j) = sum_k B^T[i][k] d(k, j); along the rows:
     # V(i, j) = sum_k B^T[j][k] h(i, k), generated as the column pass of the transpose
-    direct = transform_pass(
-        bt, n, n, lambda a, b: f"x[b, {_offset('y0', a)}, {_offset('x0', b)}, c]", h, n, "C")
+    direct = patch_rows(n, "dil") + transform_pass(bt, n, n, input_access("dil"), h, n, "C")
     gathered = transform_pass(bt, n, n, scratch_row("patch", n, cb), h, n, "C")
     rows = transform_pass(bt, n, n, scratch_row("h", n, cb, swap=True),
                           scratch_row("v", n, cb, swap=True), n, "C")
@@ -319,8 +347,10 @@ def _output_source(m: int, r: int, cb: int, canonical: str) -> str:
     bias, residual and ReLU, written to each phase's interleaved positions."""
     at, _, _ = matrices(m, r)
     n = m + r - 1
-    cols = transform_pass(at, m, n, lambda a, b: f"mt[{a * n + b}, c]", scratch_row("h", n, cb),
-                          n, "K2")
+    def products(k: int, j: str) -> tuple[list[str], str]:
+        return [f"o_mt{k} = {k * n} + {j}"], f"mt[o_mt{k}, c]"
+
+    cols = transform_pass(at, m, n, products, scratch_row("h", n, cb), n, "K2")
     rows = transform_pass(at, m, n, scratch_row("h", n, cb, swap=True),
                           scratch_row("acc", m, cb, swap=True), m, "K2")
     return (_HEADER.format(m=m, r=r, what=f"output transform, up to {cb} channels",

@@ -30,13 +30,15 @@ from ollie.kernels.winograd_codegen import (
     STORE,
     float_constants,
     indented,
+    input_access,
     lincomb,
     matrices,
+    patch_rows,
     scratch_row,
     transform_pass,
 )
 
-KERNEL_VERSION = 4
+KERNEL_VERSION = 5
 """Part of the generated modules' names: bumped when the generated code changes."""
 
 
@@ -179,10 +181,7 @@ def _input_source(m: int, r: int, cb: int, canonical: str) -> str:
     # V(i, j) = sum_k A[j][k] h(i, k), generated as the column pass of the transpose
     h = scratch_row("h", m, cb)
 
-    def at(k: int, j: int) -> str:
-        return f"x[b, {f'y0 + {k}' if k else 'y0'}, {f'x0 + {j}' if j else 'x0'}, c]"
-
-    direct = transform_pass(a, n, m, at, h, m, "C")
+    direct = patch_rows(m, "1") + transform_pass(a, n, m, input_access("1"), h, m, "C")
     gathered = transform_pass(a, n, m, scratch_row("patch", m, cb), h, m, "C")
     rows = transform_pass(a, n, m, scratch_row("h", m, cb, swap=True),
                           scratch_row("v", n, cb, swap=True), n, "C")
