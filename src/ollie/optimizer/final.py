@@ -37,6 +37,7 @@ from ollie.optimizer.libraries import (
     CHOICES,
     LibraryDecision,
     choose_libraries,
+    compiled_anew,
     has_choices,
     rel_err,
 )
@@ -333,10 +334,6 @@ def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
     return pinned, max(rel_err(got[o], want[o]) for o in graph.outputs)
 
 
-def _anew(prog: Program) -> CompiledProgram:
-    return CompiledProgram(prog, "cpu")
-
-
 def program_digest(prog: Program) -> str:
     """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
     doc = json.dumps([prog.inputs, prog.outputs,
@@ -439,7 +436,7 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
         spinning: set[str] = set()
         for name, (p, _) in offered.items():
             try:
-                compiled = (build or _anew)(p)
+                compiled = (build or compiled_anew)(p)
                 got = compiled.run(feeds)
             except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
                 log.info("%s not compared: %s", name, exc)

@@ -180,6 +180,13 @@ def with_library(prog: Program, library: str) -> Program:
     return Program(prog.inputs, prog.outputs, kernels, prog.constants)
 
 
+def compiled_anew(prog: Program) -> CompiledProgram:
+    """``prog`` compiled anew on the CPU: how a variant is built when no ``build`` is given."""
+    from ollie.exec.executor import CompiledProgram
+
+    return CompiledProgram(prog, "cpu")
+
+
 def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      want: Mapping[str, torch.Tensor], rtol: float,
                      decided: LibraryDecision | str | None = None,
@@ -199,10 +206,9 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     compiled (default: a new :class:`~ollie.exec.executor.CompiledProgram` on the CPU; the
     optimizer's reuses the one its check built for ``prog``). Returns the program, the
     decision and a note (both None when there is nothing to choose)."""
-    from ollie.exec.executor import CompiledProgram
     from ollie.tune.measure import measure_alternating
 
-    make = build or (lambda p: CompiledProgram(p, "cpu"))
+    make = build or compiled_anew
 
     alternatives = alternatives or {}
     if isinstance(decided, str):
