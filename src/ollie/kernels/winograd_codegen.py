@@ -347,6 +347,7 @@ def _output_source(m: int, r: int, cb: int, canonical: str) -> str:
     bias, residual and ReLU, written to each phase's interleaved positions."""
     at, _, _ = matrices(m, r)
     n = m + r - 1
+
     def products(k: int, j: str) -> tuple[list[str], str]:
         return [f"o_mt{k} = {k * n} + {j}"], f"mt[o_mt{k}, c]"
 
