@@ -140,7 +140,7 @@ def test_what_the_budget_left_untried_is_named_in_its_note(ollie_settings, monke
 def test_the_note_names_the_first_three_untried():
     budget = Budget(10.0, 1.0, stopped_clock)
     for name in "abcd":
-        budget.untried.append(f"region at {name}")
+        budget.not_tried(f"region at {name}")
     assert budget.describe().endswith(
         "; 4 merge(s), chain(s) or region(s) not tried (region at a; region at b; "
         "region at c; ...)")

@@ -165,9 +165,14 @@ class Budget:
         linear region) may be decided now: not :meth:`out_of_time`. When not, it is recorded
         (:attr:`untried`, :meth:`describe`)."""
         if self.out_of_time():
-            self.untried.append(label)
+            self.not_tried(label)
             return False
         return True
+
+    def not_tried(self, label: str) -> None:
+        """Record that the subprogram of several nodes ``label`` was not tried for the budget
+        (:attr:`untried`, reported by :meth:`describe`)."""
+        self.untried.append(label)
 
     def may_compare(self) -> bool:
         """Whether the whole-program comparisons not cached (library variants, the context

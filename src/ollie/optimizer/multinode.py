@@ -85,7 +85,7 @@ class MultiNode:
         cfg = self.config
         seconds = self.budget.share() if self.budget.bounded else cfg.time_budget
         if seconds is None:
-            self.budget.untried.append(label)
+            self.budget.not_tried(label)
             return None
         return Allowance(seconds, cfg.time_budget, self.budget.bounded)
 
