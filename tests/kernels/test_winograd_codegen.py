@@ -30,11 +30,10 @@ def test_a_transform_pass_is_one_channel_loop_computing_the_product(rows, n, col
     assert sum(line.lstrip().startswith("for c in range") for line in lines) == 1
     assert sum(line.lstrip().startswith("for j in range") for line in lines) == 1
     src = rng.standard_normal((n, cols, cb))
-    dst = np.zeros((rows, cols, cb))
     names = {"np": np}
     exec(float_constants(mat), names)  # the constants the pass refers to
-    flat = {"src": (src.transpose(1, 0, 2) if swap else src).ravel(), "C": cb}
-    flat["dst"] = np.zeros(dst.size)
+    flat = {"src": (src.transpose(1, 0, 2) if swap else src).ravel(), "C": cb,
+            "dst": np.zeros(rows * cols * cb)}
     exec("\n".join(lines), names, flat)
     want = np.einsum("ik,kjc->ijc", np.array(mat, dtype=float), src)
     got = flat["dst"].reshape((cols, rows, cb)).transpose(1, 0, 2) if swap else \

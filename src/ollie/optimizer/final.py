@@ -345,14 +345,14 @@ def program_digest(prog: Program) -> str:
 def libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
               want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
               cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
-              timed: bool = True, build: Callable[[Program], CompiledProgram] | None = None
+              timed: bool = True, build: Callable[[Program], CompiledProgram] = compiled_anew
               ) -> tuple[Program, LibraryDecision | None]:
     """:func:`~ollie.optimizer.libraries.choose_libraries` on the CPU, its decision kept in
     ``cache`` under a digest of the programs' kernels and the device; returns the program
     and the decision (None: ``prog`` as it is, nothing chosen). ``timed`` off: only a
     decision found in ``cache`` is applied; without one the variants are not timed (a note
     says so) but for :func:`quick_regions`, whose time is bounded. ``build``: how a variant
-    is compiled (:meth:`Reference.builder`; default: anew)."""
+    is compiled (:meth:`Reference.builder`; default: :func:`compiled_anew`)."""
     if not cfg.choose_libraries or torch.device(cfg.device).type != "cpu":
         return prog, None
     alternatives = alternatives or {}
@@ -391,7 +391,7 @@ measurements)."""
 def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
                   want: Mapping[str, torch.Tensor], cfg: OptimizeConfig, notes: list[str],
                   cache: CostCache | None, alternatives: Mapping[str, Program] | None = None,
-                  build: Callable[[Program], CompiledProgram] | None = None
+                  build: Callable[[Program], CompiledProgram] = compiled_anew
                   ) -> tuple[Program, LibraryDecision | None]:
     """The one whole-program library comparison made when a total budget left subprograms
     unsearched or is spent (its time is bounded: part of the end-to-end check,
@@ -436,7 +436,7 @@ def quick_regions(prog: Program, feeds: Mapping[str, torch.Tensor],
         spinning: set[str] = set()
         for name, (p, _) in offered.items():
             try:
-                compiled = (build or compiled_anew)(p)
+                compiled = build(p)
                 got = compiled.run(feeds)
             except (OllieError, RuntimeError, ValueError) as exc:  # the regions are optional
                 log.info("%s not compared: %s", name, exc)

@@ -181,7 +181,7 @@ def with_library(prog: Program, library: str) -> Program:
 
 
 def compiled_anew(prog: Program) -> CompiledProgram:
-    """``prog`` compiled anew on the CPU: how a variant is built when no ``build`` is given."""
+    """``prog`` compiled anew on the CPU: how a variant is built by default."""
     from ollie.exec.executor import CompiledProgram
 
     return CompiledProgram(prog, "cpu")
@@ -192,7 +192,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
                      decided: LibraryDecision | str | None = None,
                      alternatives: Mapping[str, Program] | None = None,
                      settle: float = SETTLE_SECONDS,
-                     build: Callable[[Program], CompiledProgram] | None = None
+                     build: Callable[[Program], CompiledProgram] = compiled_anew
                      ) -> tuple[Program, LibraryDecision | None, str | None]:
     """The fastest of ``prog`` (per-operator library choices) and its variants of
     :data:`CHOICES` (uniform libraries, ONNX Runtime regions), timed on ``feeds``; a variant
@@ -203,12 +203,10 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     made before (e.g. from the cost cache; a string: a choice for ``prog`` itself), applied
     without timing (a variant is still checked). ``settle``: seconds idle before the samples
     around a variant whose ONNX Runtime session spins (0: none). ``build``: how a variant is
-    compiled (default: a new :class:`~ollie.exec.executor.CompiledProgram` on the CPU; the
-    optimizer's reuses the one its check built for ``prog``). Returns the program, the
-    decision and a note (both None when there is nothing to choose)."""
+    compiled (default: :func:`compiled_anew`; the optimizer's reuses the one its check built
+    for ``prog``). Returns the program, the decision and a note (both None when there is
+    nothing to choose)."""
     from ollie.tune.measure import measure_alternating
-
-    make = build or compiled_anew
 
     alternatives = alternatives or {}
     if isinstance(decided, str):
@@ -238,7 +236,7 @@ def choose_libraries(prog: Program, feeds: Mapping[str, torch.Tensor],
     spinning: set[str] = set()
     for name, program in variants.items():
         try:
-            compiled = make(program)
+            compiled = build(program)
             if compiled.spins:
                 spinning.add(name)
             got = compiled.run(feeds)  # the first call makes the per-operator choices
