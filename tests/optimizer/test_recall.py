@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -24,6 +25,7 @@ from ollie.optimizer import module_key as module_key_module
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import program_digest
 from ollie.optimizer.importing import to_graph
+from ollie.optimizer.libraries import REGIONS, variant
 from ollie.optimizer.module_key import module_key
 from ollie.program.program import Program
 from ollie.settings import current, using
@@ -350,3 +352,66 @@ def test_a_recalled_programs_first_run_checks_its_outputs_not_each_product(
     assert seen and not any(seen) and current().check_choices
     with torch.no_grad():
         torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_recalled_programs_reference_runs_while_the_program_builds(
+        ollie_settings, tmp_path, monkeypatch):
+    """On the CPU the check's reference (the module run on the check's inputs) is made on a
+    worker thread, in the caller's settings, while this thread builds the recalled program:
+    making it waits for the build to finish, which it could not if the two ran one after the
+    other on one thread."""
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    config = dict(FAST, choose_libraries=False)  # kernels of its own, no regions
+    cold = ollie.optimize(m, (x,), **config)
+    _no_optimising(monkeypatch)
+    built = threading.Event()
+    real_build, real_reference = recall._build, recall.module_reference
+
+    def building(*args, **kwargs):
+        out = real_build(*args, **kwargs)
+        built.set()
+        return out
+
+    table: dict = {}
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def reference(*args, **kwargs):
+        seen.append((threading.current_thread() is threading.main_thread(),
+                     built.wait(timeout=60), current().choices is table))
+        return real_reference(*args, **kwargs)
+
+    monkeypatch.setattr(recall, "_build", building)
+    monkeypatch.setattr(recall, "module_reference", reference)
+    with using(choices=table):
+        warm = ollie.optimize(m, (x,), **config)
+    assert "found by the module's own key" in warm.notes[-2]
+    assert program_digest(warm.program) == program_digest(cold.program)
+    assert seen == [(False, True, True)]
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_program_of_regions_only_is_built_after_its_reference(ollie_settings, tmp_path):
+    """ONNX Runtime sessions compute on the cores the reference needs: a program whose
+    kernels all run in regions is built after its reference, both on this thread; one with
+    kernels of its own is built beside it."""
+    ollie_settings(cache_dir=tmp_path, choices={}, sleep=lambda s: None, load=lambda: 0.0)
+    m, x = _model()
+    cfg = OptimizeConfig(**dict(FAST, choose_libraries=False))
+    own = ollie.optimize(m, (x,), **dict(FAST, choose_libraries=False)).program
+    regions = variant(own, REGIONS)
+    assert regions is not None and all(k.params.region is not None for k in regions.kernels)
+    marker = object()
+    for prog, beside in ((regions, False), (own, True)):
+        threads: list[bool] = []
+
+        def reference(seen: list[bool] = threads) -> object:
+            seen.append(threading.current_thread() is not threading.main_thread())
+            return marker
+
+        ref, built = recall._beside_build(prog, cfg, reference)
+        assert ref is marker and threads == [beside]
+        assert built is not None and built.program is prog
+    # no reference (the module cannot be run as one): a regions-only program is not built
+    assert recall._beside_build(regions, cfg, lambda: None) == (None, None)

@@ -27,13 +27,16 @@ program. This cache makes a warm run return exactly the cold run's program, chec
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -47,6 +50,7 @@ from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import Reference, agrees, confirm, module_reference, reference
 from ollie.optimizer.module_key import feed, module_key, settings_digest
 from ollie.optimizer.report import OptimizedModel, SubprogramReport, read_saved
+from ollie.program.params import KernelKind
 from ollie.program.program import Program
 from ollie.settings import current, using
 
@@ -60,6 +64,11 @@ MAX_BYTES = 2 << 30
 """At most this many bytes of programs (mostly their weights) are kept."""
 MODULE_KEY = "module.key"
 """An entry's file holding the key of the torch module its program was made for."""
+SWITCH_INTERVAL_S = 2e-4
+"""The interpreter's thread switch interval while a recalled program builds beside its
+reference (Python's default is 5 ms): after each of its operators the reference's thread
+waits for the building thread to hand over the interpreter lock, at most this long.
+docs/design/039-warm-check-overlap.md."""
 
 
 def model_key(graph: Graph, cfg: OptimizeConfig) -> str:
@@ -122,11 +131,13 @@ def recalled_module(module: torch.nn.Module, mkey: str | None,
     shapes = prog.tensor_shapes()
     signature = Graph(list(prog.inputs), list(prog.outputs), [],
                       shapes={n: shapes[n] for n in (*dict(prog.inputs), *prog.outputs)})
-    ref = module_reference(module, signature, cfg, examples, IMPORT_RTOL)
+    t1 = time.perf_counter()
+    ref, built = _beside_build(prog, cfg, lambda: module_reference(
+        module, signature, cfg, examples, IMPORT_RTOL))
     if ref is None:
         return None
     hit = _checked(key, found, ref, cfg, signature,
-                   "; found by the module's own key, without importing it")
+                   "; found by the module's own key, without importing it", built, t1)
     if hit is not None and t0 is not None:
         hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
     return hit
@@ -156,25 +167,66 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
     found = recall(key)
     if found is None:
         return None
-    ref = (module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
-           else None) or reference(graph, cfg, [], examples)
-    return _checked(key, found, ref, cfg, graph)
+    t1 = time.perf_counter()
+    ref, built = _beside_build(found[0], cfg, lambda: (
+        module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
+        else None) or reference(graph, cfg, [], examples))
+    assert ref is not None, "reference() always gives one"
+    return _checked(key, found, ref, cfg, graph, "", built, t1)
+
+
+def _build(prog: Program, cfg: OptimizeConfig) -> CompiledProgram | None:
+    """``prog`` ready to run unchecked (its check follows), or None when it fails to build
+    (the check then builds it again and reports why)."""
+    try:
+        return CompiledProgram(prog, cfg.device, check_regions=False)
+    except Exception as exc:  # reported by the check
+        log.info("the cached program failed to build: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def _beside_build(prog: Program, cfg: OptimizeConfig, make: Callable[[], Reference | None]
+                  ) -> tuple[Reference | None, CompiledProgram | None]:
+    """``make()``, the check's reference, and ``prog`` built (:func:`_build`). On the CPU,
+    for a program with kernels outside ONNX Runtime regions, the reference is made on a
+    worker thread while this one builds: the reference runs the model in PyTorch, whose
+    operators leave the interpreter free, and building such a program loads kernel modules
+    and numba's machine code, mostly Python. A program of regions only builds ONNX Runtime
+    sessions, which compute on the cores the reference needs: there, and off the CPU (a
+    CUDA program may capture a graph while it builds), one after the other, and not built
+    when there is no reference. Why, measured: docs/design/039-warm-check-overlap.md. A
+    choice among implementations that building would measure is protected as on any busy
+    machine (:meth:`ollie.tune.choice.Choices.fastest` probes again before remembering)."""
+    if torch.device(cfg.device).type != "cpu" or all(
+            k.params.region is not None or k.kind is KernelKind.ALIAS for k in prog.kernels):
+        ref = make()
+        return ref, _build(prog, cfg) if ref is not None else None
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="ollie-reference") as pool:
+            pending = pool.submit(contextvars.copy_context().run, make)  # this block's settings
+            built = _build(prog, cfg)
+            return pending.result(), built
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def _checked(key: str, found: tuple[Program, list[SubprogramReport], list[str]],
              ref: Reference, cfg: OptimizeConfig, graph: Graph,
-             how: str = "") -> OptimizedModel | None:
+             how: str = "", built: CompiledProgram | None = None,
+             t0: float | None = None) -> OptimizedModel | None:
     """The recalled entry ``found`` (stored under ``key``) as an :class:`OptimizedModel` of
-    ``graph``'s inputs when it passes the check against ``ref`` (``how`` ends its note);
-    else None, and the entry is removed. The program's first run (on the random inputs)
-    uses its matrix products' remembered implementations without checking each against
-    ``torch.matmul`` (the settings' ``check_choices``): the run's outputs are checked."""
-    t0 = time.perf_counter()
+    ``graph``'s inputs when it passes the check against ``ref`` (``how`` ends its note;
+    ``built``: its program built, if it built; ``t0``: when the check began, its reference
+    included); else None, and the entry is removed. The program's first run (on the random
+    inputs) uses its matrix products' remembered implementations without checking each
+    against ``torch.matmul`` (the settings' ``check_choices``): the run's outputs are
+    checked."""
+    t0 = time.perf_counter() if t0 is None else t0
     prog, report, notes = found
-    try:
-        ref.built[id(prog)] = CompiledProgram(prog, cfg.device, check_regions=False)
-    except Exception as exc:  # not used: the check below builds it again and reports why
-        log.info("the cached program failed to build: %s: %s", type(exc).__name__, exc)
+    if built is not None:
+        ref.built[id(prog)] = built
     failed: list[str] = []
     # the first run's products are checked through the program's outputs, not one by one
     with using(check_choices=False):
