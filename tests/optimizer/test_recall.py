@@ -415,3 +415,20 @@ def test_a_program_of_regions_only_is_built_after_its_reference(ollie_settings, 
         assert built is not None and built.program is prog
     # no reference (the module cannot be run as one): a regions-only program is not built
     assert recall._beside_build(regions, cfg, lambda: None) == (None, None)
+
+
+def test_overlapping_short_switch_intervals_restore_the_first_ones_interval():
+    """Optimisations on several threads may each shorten the switch interval: the interval
+    from before the first is back once the last ends, whichever order they end in."""
+    import sys
+
+    before = sys.getswitchinterval()
+    first, second = recall.short_switch_interval(), recall.short_switch_interval()
+    first.__enter__()
+    short = pytest.approx(min(before, recall.SWITCH_INTERVAL_S))  # kept in microseconds
+    assert sys.getswitchinterval() == short
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first ends while the second runs: still short
+    assert sys.getswitchinterval() == short
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before

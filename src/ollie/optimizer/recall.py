@@ -34,8 +34,9 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -201,15 +202,36 @@ def _beside_build(prog: Program, cfg: OptimizeConfig, make: Callable[[], Referen
             k.params.region is not None or k.kind is KernelKind.ALIAS for k in prog.kernels):
         ref = make()
         return ref, _build(prog, cfg) if ref is not None else None
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    with short_switch_interval(), \
+            ThreadPoolExecutor(1, thread_name_prefix="ollie-reference") as pool:
+        pending = pool.submit(contextvars.copy_context().run, make)  # this block's settings
+        built = _build(prog, cfg)
+        return pending.result(), built
+
+
+_SWITCH_LOCK = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+@contextlib.contextmanager
+def short_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval at most :data:`SWITCH_INTERVAL_S` inside the block;
+    the interval from before the first of the blocks that overlap (optimisations on several
+    threads) is restored when the last of them ends."""
+    global _switch_users, _switch_saved
+    with _SWITCH_LOCK:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, SWITCH_INTERVAL_S))
+        _switch_users += 1
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="ollie-reference") as pool:
-            pending = pool.submit(contextvars.copy_context().run, make)  # this block's settings
-            built = _build(prog, cfg)
-            return pending.result(), built
+        yield
     finally:
-        sys.setswitchinterval(switch)
+        with _SWITCH_LOCK:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
 
 
 def _checked(key: str, found: tuple[Program, list[SubprogramReport], list[str]],
@@ -344,5 +366,6 @@ def _evict(folder: Path, now: Callable[[], float] = time.time) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-__all__ = ["FOLDER", "MAX_BYTES", "MAX_ENTRIES", "MODULE_KEY", "forget", "key_of", "model_key",
-           "recall", "recalled", "recalled_module", "remembered", "store"]
+__all__ = ["FOLDER", "MAX_BYTES", "MAX_ENTRIES", "MODULE_KEY", "SWITCH_INTERVAL_S", "forget",
+           "key_of", "model_key", "recall", "recalled", "recalled_module", "remembered",
+           "short_switch_interval", "store"]
