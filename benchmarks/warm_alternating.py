@@ -31,8 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(src: Path, spec: str, cache: str) -> tuple[float, str]:
     """Seconds of one warm call in a new process importing Ollie from ``src``, and how its
     program was found."""
-    args = {"spec": spec, "batch": 1, "device": "cpu", "budget": 30.0,
-            "total_budget": "auto", "threads": os.cpu_count() or 1}
+    from ollie.optimizer.config import OptimizeConfig
+
+    default = OptimizeConfig()  # the settings the cache was filled with
+    args = {"spec": spec, "batch": 1, "device": "cpu", "budget": default.time_budget,
+            "total_budget": default.total_budget, "threads": os.cpu_count() or 1}
     env = {**os.environ, "PYTHONPATH": str(src), "OLLIE_CACHE_DIR": cache}
     done = subprocess.run([sys.executable, "-m", "ollie.bench.warm_process", json.dumps(args)],
                           env=env, capture_output=True, text=True, check=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -420,8 +421,6 @@ def test_a_program_of_regions_only_is_built_after_its_reference(ollie_settings, 
 def test_overlapping_short_switch_intervals_restore_the_first_ones_interval():
     """Optimisations on several threads may each shorten the switch interval: the interval
     from before the first is back once the last ends, whichever order they end in."""
-    import sys
-
     before = sys.getswitchinterval()
     first, second = recall.short_switch_interval(), recall.short_switch_interval()
     first.__enter__()

@@ -132,13 +132,9 @@ def recalled_module(module: torch.nn.Module, mkey: str | None,
     shapes = prog.tensor_shapes()
     signature = Graph(list(prog.inputs), list(prog.outputs), [],
                       shapes={n: shapes[n] for n in (*dict(prog.inputs), *prog.outputs)})
-    t1 = time.perf_counter()
-    ref, built = _beside_build(prog, cfg, lambda: module_reference(
-        module, signature, cfg, examples, IMPORT_RTOL))
-    if ref is None:
-        return None
-    hit = _checked(key, found, ref, cfg, signature,
-                   "; found by the module's own key, without importing it", built, t1)
+    hit = _checked(key, found, lambda: module_reference(
+        module, signature, cfg, examples, IMPORT_RTOL), cfg, signature,
+        "; found by the module's own key, without importing it")
     if hit is not None and t0 is not None:
         hit.notes.append(f"optimised in {time.perf_counter() - t0:.1f} s (this run)")
     return hit
@@ -168,12 +164,9 @@ def recalled(graph: Graph, cfg: OptimizeConfig, key: str,
     found = recall(key)
     if found is None:
         return None
-    t1 = time.perf_counter()
-    ref, built = _beside_build(found[0], cfg, lambda: (
+    return _checked(key, found, lambda: (
         module_reference(module, graph, cfg, examples, IMPORT_RTOL) if module is not None
-        else None) or reference(graph, cfg, [], examples))
-    assert ref is not None, "reference() always gives one"
-    return _checked(key, found, ref, cfg, graph, "", built, t1)
+        else None) or reference(graph, cfg, [], examples), cfg, graph)
 
 
 def _build(prog: Program, cfg: OptimizeConfig) -> CompiledProgram | None:
@@ -235,18 +228,20 @@ def short_switch_interval() -> Iterator[None]:
 
 
 def _checked(key: str, found: tuple[Program, list[SubprogramReport], list[str]],
-             ref: Reference, cfg: OptimizeConfig, graph: Graph,
-             how: str = "", built: CompiledProgram | None = None,
-             t0: float | None = None) -> OptimizedModel | None:
+             make: Callable[[], Reference | None], cfg: OptimizeConfig, graph: Graph,
+             how: str = "") -> OptimizedModel | None:
     """The recalled entry ``found`` (stored under ``key``) as an :class:`OptimizedModel` of
-    ``graph``'s inputs when it passes the check against ``ref`` (``how`` ends its note;
-    ``built``: its program built, if it built; ``t0``: when the check began, its reference
-    included); else None, and the entry is removed. The program's first run (on the random
-    inputs) uses its matrix products' remembered implementations without checking each
-    against ``torch.matmul`` (the settings' ``check_choices``): the run's outputs are
-    checked."""
-    t0 = time.perf_counter() if t0 is None else t0
+    ``graph``'s inputs when it passes the check against the reference ``make()`` returns
+    (made beside the program's build, :func:`_beside_build`; ``how`` ends its note); else
+    None, and the entry is removed (but kept when ``make()`` gives no reference). The
+    program's first run (on the random inputs) uses its matrix products' remembered
+    implementations without checking each against ``torch.matmul`` (the settings'
+    ``check_choices``): the run's outputs are checked."""
+    t0 = time.perf_counter()
     prog, report, notes = found
+    ref, built = _beside_build(prog, cfg, make)
+    if ref is None:
+        return None
     if built is not None:
         ref.built[id(prog)] = built
     failed: list[str] = []
