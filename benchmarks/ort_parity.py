@@ -2,16 +2,17 @@
 Runtime region: the graph each session runs after ONNX Runtime's own optimisations, and
 repeated alternating timings of the two.
 
-    python benchmarks/ort_parity.py SPEC [REPEATS]
+    python benchmarks/ort_parity.py SPEC [REPEATS [BATCH]]
 
-``SPEC``: a model of ``ollie bench models`` (``tv:efficientnet_b0``, ...), batch 1, optimised
-with the default settings into ``OLLIE_CACHE_DIR`` (warm: the stored program). Prints whether
-the program runs as one region, the operator counts of both graphs before and after ONNX
-Runtime's graph optimisations (the benchmark's peer runs ``ollie.frontend.to_onnx_model``'s
-export; the region's graph is captured where its session is made), then ``REPEATS``
-(default 10) timings as ``ollie bench models`` times a model (15 alternating rounds, each
-after the cores went idle) and the median ratio. A model whose two optimised graphs agree
-runs the same kernels in both: what one timing shows between them is the machine's noise.
+``SPEC``: a model of ``ollie bench models`` (``tv:efficientnet_b0``, ...) at batch ``BATCH``
+(default 1), optimised with the default settings into ``OLLIE_CACHE_DIR`` (warm: the stored
+program). Prints whether the program runs as one region, the operator counts of both graphs
+before and after ONNX Runtime's graph optimisations (the benchmark's peer runs
+``ollie.frontend.to_onnx_model``'s export; the region's graph is captured where its session is
+made), then ``REPEATS`` (default 10) timings as ``ollie bench models`` times a model (15
+alternating rounds, each after the cores went idle) and the median ratio. A model whose two
+optimised graphs agree runs the same kernels in both: what one timing shows between them is
+the machine's noise.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _as_model(graph: object, weights: dict) -> object:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 2):
+    if len(argv) not in (1, 2, 3):
         print(__doc__)
         return 2
     import torch
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
         return make_session(graph, spinning, weights)
 
     ort_conv.session = capture
-    module, inputs = build(argv[0], 1)
+    module, inputs = build(argv[0], int(argv[2]) if len(argv) == 3 else 1)
     prog = ollie.optimize(module, inputs)
     print(prog.notes[-2][-110:])
     captured.clear()
@@ -97,7 +98,7 @@ def main(argv: list[str]) -> int:
     feed = {i.name: t.numpy() for i, t in zip(peer.get_inputs(), inputs, strict=True)}
     fns = {"ORT": lambda: peer.run(None, feed), "Ollie": lambda: prog(*inputs)}
     ratios = []
-    for _ in range(int(argv[1]) if len(argv) == 2 else 10):
+    for _ in range(int(argv[1]) if len(argv) >= 2 else 10):
         t = measure_alternating(fns, rounds=15, max_seconds=90.0, min_sample=0.02,
                                 lead_calls=1, settle=SETTLE_SECONDS,
                                 lead_seconds=settled_lead(SETTLE_SECONDS))

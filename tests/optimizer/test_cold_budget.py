@@ -405,3 +405,36 @@ def test_a_lead_still_undecided_after_the_second_measurement_goes_by_the_medians
                               CostCache(), timed=False)
     assert len(timed) == 1 and decision is None and got is prog
     assert not any("decided by the medians" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("tick, long", [(2**-4, False), (1.0, True)])
+def test_the_quick_comparison_times_long_calls_without_warm_up_or_lead_calls(
+        ollie_settings, tmp_path, monkeypatch, tick, long):
+    """A whole program whose checking run took LONG_CALL_SECONDS or more (a large model at a
+    large batch, seconds a call) is timed without warm-up and lead calls: that run warmed it
+    up, and each of them would cost as much as a sample; shorter ones keep both."""
+    from ollie.optimizer.config import OptimizeConfig
+    from ollie.optimizer.final import libraries
+    from ollie.optimizer.libraries import PER_OPERATOR, REGIONS
+    from ollie.tune.cache import CostCache
+
+    measure = importlib.import_module("ollie.tune.measure")
+    ollie_settings(cache_dir=tmp_path, measure_clock=FakeClock(tick), sleep=lambda s: None)
+    prog, feeds, want = _originals()
+    asked: list[dict[str, object]] = []
+    real = measure.measure_rounds
+
+    def rounds(fns, *args, **kwargs):
+        if set(fns) != {PER_OPERATOR, REGIONS}:  # a convolution's choice among implementations
+            return real(fns, *args, **kwargs)
+        asked.append(kwargs)
+        return measure.Timings({PER_OPERATOR: [2.0] * 3, REGIONS: [1.0] * 3})
+
+    monkeypatch.setattr(measure, "measure_rounds", rounds)
+    notes: list[str] = []
+    _, decision = libraries(prog, feeds, want, OptimizeConfig(settle=0.2), notes, CostCache(),
+                            timed=False)
+    assert decision is not None and decision.choice == REGIONS and len(asked) == 1
+    assert (asked[0]["warmup"], asked[0]["lead_calls"]) == ((0, 0) if long else (2, 1))
+    assert (asked[0]["lead_seconds"] == 0.0) == long
+    assert any("no warm-up or lead calls" in n for n in notes) == long, notes

@@ -24,11 +24,10 @@ from ollie.optimizer import final, recall
 from ollie.optimizer import model as optimizer_model
 from ollie.optimizer import module_key as module_key_module
 from ollie.optimizer.config import OptimizeConfig
-from ollie.optimizer.final import program_digest
 from ollie.optimizer.importing import to_graph
 from ollie.optimizer.libraries import REGIONS, variant
 from ollie.optimizer.module_key import module_key
-from ollie.program.program import Program
+from ollie.program.program import Program, program_digest
 from ollie.settings import current, using
 
 FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,

@@ -317,6 +317,22 @@ def test_measure_alternating_settles_before_each_sample_and_its_lead_calls(ollie
     assert log == ["a"] * 3  # no settle by default
 
 
+def test_measure_rounds_without_a_warm_up_times_one_call_per_sample(ollie_settings):
+    """No warm-up, no estimate of a call's time: a sample is one call and the lead calls are
+    ``lead_calls``, whatever ``min_sample`` and ``lead_seconds`` ask (a ticking clock would
+    otherwise make an empty warm-up look like a microsecond function, timed a thousand times
+    a sample)."""
+    import importlib
+
+    measure = importlib.import_module("ollie.tune.measure")
+    ollie_settings(sleep=lambda s: None)
+    log: list[str] = []
+    timed = measure.measure_rounds({"a": lambda: log.append("a")}, rounds=3, warmup=0,
+                                   min_sample=0.02, lead_calls=0, settle=0.2,
+                                   lead_seconds=0.05, clock=FakeClock(2.0**-20))
+    assert log == ["a"] * 3 and len(timed.samples["a"]) == 3
+
+
 @pytest.mark.timing
 def test_measure_alternating_lead_seconds_sets_the_untimed_calls_from_the_warm_up(
         ollie_settings):

@@ -36,7 +36,7 @@ budget is exceeded by at most (:meth:`Budget.overshoot_bound`): the work in flig
 ran out (one subprogram's search and selection, whose measurement is bounded by its share, or
 one library choice) and the end-to-end check, which always runs (a returned program is always
 checked) but measures no new choice except the bounded comparison with ONNX Runtime regions
-(:func:`ollie.optimizer.final.quick_regions`).
+(:func:`ollie.optimizer.quick.quick_regions`).
 
 Time is read from :attr:`ollie.settings.Settings.budget_clock` (tests inject a fake clock; the
 test suite stops it for every other test).

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import torch
 
 from ollie.errors import OllieError
-from ollie.optimizer.final import Reference, program_digest
+from ollie.optimizer.final import Reference
 from ollie.optimizer.libraries import rel_err, variant
 from ollie.passes.postprocess import postprocess
-from ollie.program.program import Program
+from ollie.program.program import Program, program_digest
 from ollie.tune.cache import CostCache, device_key
 from ollie.tune.measure import SETTLE_SECONDS, settled_lead
 

@@ -11,6 +11,7 @@ reads (:meth:`Program.validate`) and executes nothing from the folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,4 +176,14 @@ def _pairs(v: object, where: Path) -> list[tuple[object, object]]:
     return [(p[0], p[1]) for p in v]
 
 
-__all__ = ["FORMAT_VERSION", "Program", "constant_array", "kernel_from_json", "kernel_to_json"]
+
+def program_digest(prog: Program) -> str:
+    """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
+    doc = json.dumps([prog.inputs, prog.outputs,
+                      [kernel_to_json(kn, with_node=False) for kn in prog.kernels]],
+                     sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+__all__ = ["FORMAT_VERSION", "Program", "constant_array", "kernel_from_json", "kernel_to_json",
+           "program_digest"]

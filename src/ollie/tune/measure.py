@@ -131,9 +131,9 @@ def measure_rounds(fns: dict[str, Callable[[], object]], device: str = "cpu",
     whatever runs next).
 
     A sample of a function faster than ``min_sample`` seconds times that many back-to-back
-    calls (the count estimated from the warm-up) and divides, so that timer and scheduling
-    jitter do not dominate microsecond operators. At least 3 rounds run; later rounds stop
-    once ``max_seconds`` have passed.
+    calls (the count estimated from the warm-up; one call without a warm-up) and divides, so
+    that timer and scheduling jitter do not dominate microsecond operators. At least 3 rounds
+    run; later rounds stop once ``max_seconds`` have passed.
 
     ``prepare``: called before every sample, outside the timed region (e.g.
     :func:`evict_caches`, for cold-cache times); each sample is then one call.
@@ -175,7 +175,7 @@ def measure_rounds(fns: dict[str, Callable[[], object]], device: str = "cpu",
             for _ in range(warmup):
                 fn()
             _sync(device)
-            per = (clock() - t) / max(warmup, 1)
+            per = (clock() - t) / warmup if warmup > 0 else 0.0  # 0: not estimated
             if hopeless is not None and warmup > 0:
                 # the first calls may build things (a library's choice, a compiled kernel):
                 # the last call alone says how fast the function is
