@@ -176,7 +176,6 @@ def _pairs(v: object, where: Path) -> list[tuple[object, object]]:
     return [(p[0], p[1]) for p in v]
 
 
-
 def program_digest(prog: Program) -> str:
     """A digest of ``prog``'s inputs, outputs and kernels (not its constants)."""
     doc = json.dumps([prog.inputs, prog.outputs,
