@@ -178,6 +178,20 @@ def test_operands_with_nan_fall_back_to_mkl_without_fixing_the_choice():
     torch.testing.assert_close(fn(a, b), a @ b, equal_nan=True)
 
 
+@pytest.mark.parametrize("act", [None, "relu", "tanh", "sigmoid"])
+def test_every_implementation_keeps_nan_and_infinities_where_torch_does(act):
+    """oneDNN's ReLU post-op gives 0 for NaN; the products apply ReLU by torch instead."""
+    torch.manual_seed(3)
+    a, b, c = torch.randn(6, 7), torch.randn(7, 16), torch.randn(16)
+    a[1, 2], a[3, 0], a[4, 5] = float("nan"), float("inf"), -float("inf")
+    want = linear.ACTIVATIONS[act](torch.matmul(a, b) + c)
+    assert torch.isnan(want).any()
+    for name, fn in linear.implementations(a, b, c, act, (False, True)).items():
+        got = fn(a, b).reshape(want.shape)
+        for f in (torch.isnan, torch.isposinf, torch.isneginf):
+            assert torch.equal(f(got), f(want)), (name, f.__name__)
+
+
 def test_a_remembered_choice_computes_the_first_calls_product_once(monkeypatch,
                                                                     ollie_settings) -> None:
     """A runner's first call checks the remembered implementation against torch.matmul on

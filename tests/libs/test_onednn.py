@@ -137,6 +137,50 @@ def test_packed_convolutions_apply_activation_post_ops(act):
                                 activation="gelu-ish") is None
 
 
+@needs_onednn
+@pytest.mark.parametrize("act,residual", [(None, False), ("relu", False), ("tanh", False),
+                                          ("sigmoid", False), (None, True), ("relu", True)])
+def test_packed_convolutions_keep_nan_and_infinities_where_torch_does(act, residual):
+    """oneDNN's ReLU post-op gives 0 for NaN: the packed convolutions apply ReLU by torch
+    after the primitive, so that a NaN in the input reaches the output as in the model."""
+    torch.manual_seed(5)
+    f = onednn.POST_OPS[act]
+    x = onednn.with_nonfinite(torch.randn(2, 3, 7, 6))
+    wt, b = torch.randn(5, 3, 3, 3), torch.randn(5)
+    r = torch.randn(2, 5, 7, 6)
+    conv = onednn.packed_conv2d(wt, tuple(x.shape), (1, 1), (1, 1), (1, 1), b,
+                                activation=act, residual=residual)
+    assert conv is not None
+    y = F.conv2d(x, wt, b, padding=1)
+    want = f(y + r) if residual else f(y)
+    got = conv(x, r) if residual else conv(x)
+    assert torch.isnan(want).any() and onednn.same_nonfinite(got, want)
+    args = (x, r) if residual else (x,)
+    if onednn.writes_into(conv):  # into a buffer too
+        assert onednn.same_nonfinite(conv(*args, out=torch.full(want.shape, 7.0)), want)
+    if not residual:
+        wt2 = torch.randn(3, 4, 4, 4)
+        convt = onednn.packed_conv_transpose2d(wt2, tuple(x.shape), (2, 2), (1, 1), (0, 0),
+                                               (1, 1), None, activation=act)
+        assert convt is not None
+        assert onednn.same_nonfinite(convt(x), f(F.conv_transpose2d(x, wt2, None, 2, 1)))
+
+
+def test_a_convolution_that_drops_nan_is_not_used():
+    """The check each implementation passes when built runs it on an input holding NaN and
+    infinities too: one that gives finite values there (oneDNN's own ReLU post-op) fails."""
+    wt = torch.randn(4, 3, 3, 3)
+
+    def ref(x):
+        return torch.relu(F.conv2d(x, wt, padding=1))
+
+    def drops(x):
+        return torch.nan_to_num(ref(x), nan=0.0)
+
+    assert onednn.checked(ref, ref, (1, 3, 6, 6)) is ref
+    assert onednn.checked(drops, ref, (1, 3, 6, 6)) is None
+
+
 def _kinds(prog):
     return [(k.kind, k.params.get("activation")) for k in prog.kernels]
 

@@ -13,7 +13,8 @@ choice (:meth:`ollie.tune.choice.Choices.fastest`), and every implementation is 
 oneDNN's primitive computes ``x @ w.T`` for an ``x`` of any rank >= 2 and a 2-D ``w``; a product
 ``a @ b`` with a 2-D ``b`` is ``linear(a, b.T)`` (``b.T`` is a view: no copy), and one with a 2-D
 ``a`` can also run as ``linear(b.T, a).T`` (made contiguous). A fused ``bias`` (added per output
-column) and ``activation`` (``relu`` / ``tanh`` / ``sigmoid``) are oneDNN post-ops.
+column) and ``activation`` (``tanh`` / ``sigmoid``) are oneDNN post-ops; ``relu`` is applied by
+torch after the primitive, whose ReLU post-op drops NaN (:func:`ollie.libs.onednn.post_op`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from ollie.activations import ACTIVATIONS as FUSED
 from ollie.activations import identity
 from ollie.kernels import blocked_gemm
+from ollie.libs import onednn
 from ollie.policy import BLOCKED_GEMM, Implementations
 from ollie.settings import current
 from ollie.tune.choice import Choices, shared
@@ -103,17 +105,17 @@ def implementations(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None 
     if not _usable(a, b):
         return products
     op = torch.ops.mkldnn._linear_pointwise
-    attr = activation or "none"
+    attr, after = onednn.post_op(activation)  # ReLU by torch after: NaN kept
     if _matrix(b).dim() == 2:
-        products["oneDNN"] = lambda x, y: op(x, _matrix(y).t(), bias, attr, [], "")
+        products["oneDNN"] = lambda x, y: after(op(x, _matrix(y).t(), bias, attr, [], ""))
     if _matrix(a).dim() == 2 and _matrix(b).dim() == 2 and bias is None:
         # (a @ b) = (b.T @ a.T).T: a as the primitive's weight, the result transposed back
         products["oneDNN transposed"] = lambda x, y: post(
             op(_matrix(y).t(), _matrix(x), None, "none", [], "").t().contiguous())
     if constant[1] and _matrix(b).dim() == 2:
         rows = a.numel() // max(a.shape[-1], 1)
-        products["oneDNN packed"] = _packed(_matrix(b).t(), rows, lambda x, w: op(
-            x, w, bias, attr, [], ""))
+        products["oneDNN packed"] = _packed(_matrix(b).t(), rows, lambda x, w: after(op(
+            x, w, bias, attr, [], "")))
     if constant[1] and _matrix(b).dim() == 2 and impls.allows(BLOCKED_GEMM) and \
             blocked_gemm.applies(_matrix(b).shape[1]):
         products["blocked"] = _blocked(_matrix(b), bias, post)

@@ -20,7 +20,10 @@ The callables then take ``(x, r)``.
 :func:`packed_conv2d` / :func:`packed_conv_transpose2d` return a callable, or ``None`` when
 the path is unavailable (no oneDNN in this torch build, not a CPU float32 tensor, an input size
 the primitive rejects). Every implementation is checked once against the torch function on a
-random input when it is built; a disagreement also gives ``None``. Which implementation a
+random input when it is built, and on one holding NaN and infinities (they must come out where
+torch puts them); a disagreement also gives ``None``. oneDNN's ReLU post-op turns NaN into 0,
+so ReLU is applied by torch after the primitive (:func:`post_op`;
+docs/design/041-nan-exact-relu.md). Which implementation a
 convolution runs on (these, torch, ONNX Runtime, Winograd) is measured by
 :func:`ollie.exec.conv.best_conv`.
 Why packed weights and a measured choice: docs/design/003-library-kernels-on-the-cpu.md.
@@ -29,8 +32,10 @@ Why packed weights and a measured choice: docs/design/003-library-kernels-on-the
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -46,6 +51,24 @@ POST_OPS: dict[str | None, Conv] = {None: identity,
 """Activations oneDNN applies as a convolution post-op (``None``: none; the others:
 :data:`ollie.activations.ACTIVATIONS`), with their torch functions (the reference the packed
 convolution is checked against)."""
+
+NAN_EXACT_POST_OPS = frozenset({"tanh", "sigmoid"})
+"""The activations oneDNN applies as a post-op giving NaN where torch's function does. Its ReLU
+post-op (``max(x, 0)``) gives 0 for a NaN, where ``torch.relu`` gives NaN: a NaN in a model's
+input would vanish from the output. :func:`post_op` applies the others after the primitive
+(docs/design/041-nan-exact-relu.md)."""
+
+
+def post_op(activation: str | None) -> tuple[str, Conv]:
+    """(the post-op oneDNN's primitive is given for ``activation``, the in-place torch function
+    applied to its result after it): the activation itself and identity for one of
+    :data:`NAN_EXACT_POST_OPS`, else ``"none"`` and the activation's in-place torch function
+    (``torch.relu_``: one more pass over the output, and NaN kept)."""
+    if activation is None:
+        return "none", identity
+    if activation in NAN_EXACT_POST_OPS:
+        return activation, identity
+    return "none", ACTIVATIONS[activation].torch_inplace
 
 
 def available() -> bool:
@@ -71,9 +94,10 @@ def probes(input_shape: tuple[int, ...], ref: Conv, residual: bool,
 
 def checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
              residual: bool = False) -> Conv | None:
-    """``run`` if it agrees with ``ref`` on random arguments (:func:`probes`), else None. One
-    that takes an ``out`` buffer (:func:`writes_into`) is also checked writing into a
-    NaN-filled one and, with a residual, into the residual itself; where that fails it is
+    """``run`` if it agrees with ``ref`` on random arguments (:func:`probes`) and puts NaN and
+    infinities where ``ref`` does on an input holding some (:func:`with_nonfinite`), else
+    None. One that takes an ``out`` buffer (:func:`writes_into`) is also checked writing into
+    a NaN-filled one and, with a residual, into the residual itself; where that fails it is
     used without buffers."""
     with torch.inference_mode():
         args = probes(input_shape, ref, residual)
@@ -81,6 +105,11 @@ def checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
         if not _agrees(run(*args), want):
             log.warning("a library convolution disagrees with torch for input %s; not used",
                         list(input_shape))
+            return None
+        special = (with_nonfinite(args[0]), *args[1:])
+        if not same_nonfinite(run(*special), ref(*special)):
+            log.warning("a library convolution puts NaN or infinities where torch does not "
+                        "for input %s; not used", list(input_shape))
             return None
         if writes_into(run):
             try:
@@ -96,6 +125,21 @@ def checked(run: Conv, ref: Conv, input_shape: tuple[int, ...],
             if not ok:
                 run.takes_out = False  # type: ignore[attr-defined]
     return run
+
+
+def with_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` (same memory format) with a NaN, +inf and -inf at three positions
+    spread over its elements."""
+    y = x.clone()
+    for i, v in enumerate((math.nan, math.inf, -math.inf)):
+        y[tuple(int(k) for k in np.unravel_index((i * y.numel()) // 3, y.shape))] = v
+    return y
+
+
+def same_nonfinite(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether ``got`` has NaN, +inf and -inf exactly where ``want`` has them."""
+    return got.shape == want.shape and all(torch.equal(f(got), f(want)) for f in (
+        torch.isnan, torch.isposinf, torch.isneginf))
 
 
 def _agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -195,7 +239,8 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
                   residual: bool = False) -> Conv | None:
     """``x -> f(conv2d(x, weight, bias, stride, padding, dilation, groups))`` for NCHW inputs
     of ``input_shape``, with ``weight`` packed now and ``f`` the ``activation`` (one of
-    :data:`POST_OPS`, applied by oneDNN as a post-op; None: identity); with ``residual``,
+    :data:`POST_OPS`, applied by oneDNN as a post-op, ReLU by torch after it,
+    :func:`post_op`; None: identity); with ``residual``,
     ``(x, r) -> f(conv2d(x, ...) + r)`` (oneDNN's binary add post-op). ``None`` where that is
     not possible."""
     if not usable(weight) or activation not in POST_OPS:
@@ -203,7 +248,8 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     pad, st, dil = list(padding), list(stride), list(dilation)
-    attr = activation or "none"
+    attr, after = post_op(activation)
+    unary = None if attr == "none" else attr
     try:
         packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
             w.to_mkldnn(), pad, st, dil, groups, list(input_shape))
@@ -215,18 +261,18 @@ def packed_conv2d(weight: torch.Tensor, input_shape: tuple[int, ...],
             def run(x: torch.Tensor, r: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
                 if out is None:
-                    return binary(dense(x), dense(r), packed, b, pad, st, dil, groups, "add",
-                                  None, activation, [], "")
+                    return after(binary(dense(x), dense(r), packed, b, pad, st, dil, groups,
+                                        "add", None, unary, [], ""))
                 if out is not r:
                     out.copy_(r)
-                return _add_into(out, dense(x), packed, b, pad, st, dil, groups, "add",
-                                 None, activation, [], "")
+                return after(_add_into(out, dense(x), packed, b, pad, st, dil, groups, "add",
+                                       None, unary, [], ""))
         else:
             def run(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
                 if out is None:
-                    return op(dense(x), packed, b, pad, st, dil, groups, attr, [], "")
-                return _add_into(out.zero_(), dense(x), packed, b, pad, st, dil, groups,
-                                 "add", None, activation, [], "")
+                    return after(op(dense(x), packed, b, pad, st, dil, groups, attr, [], ""))
+                return after(_add_into(out.zero_(), dense(x), packed, b, pad, st, dil, groups,
+                                       "add", None, unary, [], ""))
 
         run.takes_out = True  # type: ignore[attr-defined]
         ref = with_epilogue(activation, residual, lambda x: F.conv2d(x, w, b, st, pad, dil, groups))
@@ -249,14 +295,14 @@ def packed_conv_transpose2d(weight: torch.Tensor, input_shape: tuple[int, ...],
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     pad, opad, st, dil = list(padding), list(output_padding), list(stride), list(dilation)
-    attr = activation or "none"
+    attr, after = post_op(activation)
     try:
         packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(
             w, pad, opad, st, dil, groups, list(input_shape))
         op = torch.ops.mkldnn._convolution_transpose_pointwise
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op(dense(x), packed, b, pad, opad, st, dil, groups, attr, [], "")
+            return after(op(dense(x), packed, b, pad, opad, st, dil, groups, attr, [], ""))
 
         post = POST_OPS[activation]
         return checked(
