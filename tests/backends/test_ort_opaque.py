@@ -44,8 +44,9 @@ def _program(m: nn.Module, x: torch.Tensor) -> Program:
     """``m`` optimised with its original operators kept (no candidate measured): layout
     operators as eOperators, products as ``Matmul`` kernels, the opaque operators as they
     are."""
-    return ollie.optimize(m, (x,), "cpu", time_budget=3.0, max_depth=0, max_candidates=0,
-                          use_cache=False, choose_libraries=False, context=False).program
+    return ollie.optimize(m, (x,), "cpu", time_budget=3.0, max_depth=0, guided_depth=0,
+                          max_candidates=0, use_cache=False, choose_libraries=False,
+                          context=False).program
 
 
 def _regions(m: nn.Module, x: torch.Tensor):

@@ -53,8 +53,8 @@ def _net() -> tuple[nn.Module, torch.Tensor]:
 def _optimized(m: nn.Module, x: torch.Tensor) -> Program:
     """``m`` optimised with its original operators kept (no candidate measured): graph
     operators with the activations, biases and residual additions post-processing fused."""
-    return ollie.optimize(m, (x,), "cpu", time_budget=3.0, max_depth=0, max_candidates=0,
-                          use_cache=False, choose_libraries=False).program
+    return ollie.optimize(m, (x,), "cpu", derivation=False, use_cache=False,
+                          choose_libraries=False).program
 
 
 def test_regions_match_the_module_and_survive_save_and_load(tmp_path):
@@ -189,7 +189,7 @@ def test_derived_matmul_and_eoperators_are_part_of_a_region():
                        "L<n=0:2, f=0:5, h=0:9, w=0:7> Sum<c=0:6, r=0:3, s=0:3> "
                        "A[n, c, h+r-1, w+s-1] * K[f, c, r, s]")
     inputs = random_inputs(expr, seed=3)
-    res = ollie.derive(expr, max_depth=3, time_budget=30, clock=stopped_clock)
+    res = ollie.derive(expr, max_depth=3, time_budget=30, clock=stopped_clock, guided_depth=2)
     cand = next(c for c in res.candidates
                 if {k.kind for k in c.kernels} == {"Matmul", "eOp"})
     first = candidate_program(cand, expr, {"K": inputs["K"]})

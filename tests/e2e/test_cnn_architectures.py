@@ -25,6 +25,9 @@ SIZE = 16
 # one run after the other: 265 s with 2 candidates and 1 s, 124 s so (2-core EPYC VM,
 # 2026-11-25)
 FAST = dict(time_budget=0.5, max_candidates=1, use_cache=False, settle=0.0)
+# the ONNX exports without the whole-program context step (a fifth of such a test's time; its
+# own tests: tests/optimizer/test_context.py); the torch modules keep it
+NO_CONTEXT = dict(FAST, context=False)
 # the torch frontend keeps some of their operators opaque (aten calls): chunk, upsample,
 # layer_norm, gelu; others become element-wise nodes: hardtanh, silu, hardswish
 TORCH_OPAQUE = ("mobilenetv2", "mobilenetv3", "efficientnet", "shufflenetv2", "unet_resize",
@@ -52,7 +55,7 @@ def _check(model, opt, tmp_path):
 def test_onnx_export_optimises(name, tmp_path):
     model = build(name, w=8, size=SIZE)
     path = to_onnx(model, (torch.randn(1, 3, SIZE, SIZE),), tmp_path / f"{name}.onnx")
-    _check(model, ollie.optimize(str(path), **FAST), tmp_path)
+    _check(model, ollie.optimize(str(path), **NO_CONTEXT), tmp_path)
 
 
 @pytest.mark.parametrize("name", TORCH_OPAQUE)

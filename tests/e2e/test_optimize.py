@@ -101,8 +101,8 @@ def test_bad_inputs_raise_ollie_errors(tmp_path):
 
 
 @pytest.mark.parametrize("setting, value", [
-    ("time_budget", 0.0), ("time_budget", -1.0), ("max_depth", -1), ("max_candidates", -2),
-    ("check_rtol", 0.0), ("settle", -0.1)])
+    ("time_budget", 0.0), ("time_budget", -1.0), ("max_depth", -1), ("guided_depth", -1),
+    ("max_candidates", -2), ("check_rtol", 0.0), ("settle", -0.1)])
 def test_settings_out_of_range_are_named(setting, value):
     """A setting outside its range is a ``ConfigError`` (an ``OllieError`` and a ``ValueError``)
     naming the setting and the value, raised before any work; the ranges' edges are valid."""
@@ -114,7 +114,7 @@ def test_settings_out_of_range_are_named(setting, value):
     with pytest.raises(ConfigError, match=f"OptimizeConfig.{setting} must be .*got {value}"):
         ollie.optimize(m, (torch.randn(1, 2, 6, 6),), **{setting: value})
     assert issubclass(ConfigError, OllieError) and issubclass(ConfigError, ValueError)
-    OptimizeConfig(max_depth=0, max_candidates=0, settle=0.0)
+    OptimizeConfig(max_depth=0, guided_depth=0, max_candidates=0, settle=0.0)
     if setting in ("time_budget", "max_depth", "max_candidates"):
         with pytest.raises(ConfigError, match=f"SearchConfig.{setting} must be"):
             SearchConfig(**{setting: value})

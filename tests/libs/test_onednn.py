@@ -110,8 +110,8 @@ def test_models_with_convolutions_still_match_after_optimisation():
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                       nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.Tanh()).eval()
     x = torch.randn(1, 3, 6, 6)
-    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, use_cache=False,
-                          settle=0.0)
+    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, guided_depth=2,
+                          use_cache=False, settle=0.0)
     with torch.inference_mode():
         torch.testing.assert_close(prog(x), m(x), rtol=1e-3, atol=1e-4)
 
@@ -195,7 +195,7 @@ def test_activation_eops_fold_into_the_convolutions_before_them():
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                       nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1), nn.Tanh()).eval()
     x = torch.randn(1, 3, 6, 6)
-    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, max_candidates=0,
+    prog = ollie.optimize(m, (x,), "cpu", derivation=False,
                           use_cache=False, settle=0.0)
     with torch.inference_mode():
         torch.testing.assert_close(prog(x), m(x), rtol=1e-4, atol=1e-5)
@@ -406,7 +406,7 @@ def test_residual_blocks_fold_their_add_and_relu_into_the_second_convolution():
     torch.manual_seed(4)
     m = Block().eval()
     x = torch.randn(2, 6, 9, 9)
-    prog = ollie.optimize(m, (x,), "cpu", time_budget=5.0, max_depth=0, max_candidates=0,
+    prog = ollie.optimize(m, (x,), "cpu", derivation=False,
                           use_cache=False, settle=0.0)
     with torch.inference_mode():
         want = m(x)

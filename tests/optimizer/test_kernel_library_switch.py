@@ -20,8 +20,9 @@ from ollie.testing.cnns import build
 
 SIZE = 16
 # one candidate per subprogram and half a second of search: subprograms still get derived
-# candidates, compiled, verified and timed (as tests/e2e/test_cnn_architectures.py)
-FAST = dict(time_budget=0.5, max_candidates=1, use_cache=False, settle=0.0)
+# candidates, compiled, verified and timed (as tests/e2e/test_cnn_architectures.py); no
+# whole-program context step (tests/optimizer/test_context.py)
+FAST = dict(time_budget=0.5, max_candidates=1, use_cache=False, settle=0.0, context=False)
 POLICIES = {"(0) originals, vendor": dict(derivation=False, kernel_library=False),
             "(a) derived, vendor": dict(derivation=True, kernel_library=False),
             "(b) originals, library": dict(derivation=False, kernel_library=True),

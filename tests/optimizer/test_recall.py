@@ -30,8 +30,9 @@ from ollie.optimizer.module_key import module_key
 from ollie.program.program import Program, program_digest
 from ollie.settings import current, using
 
-FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,
-            total_budget=None)
+# two guided steps per scope: the searches end when done, well before their budget
+FAST = dict(max_depth=1, guided_depth=2, max_candidates=1, settle=0.0, context=False,
+            time_budget=5.0, total_budget=None)
 
 
 def _model(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:

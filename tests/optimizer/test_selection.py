@@ -78,7 +78,7 @@ def _conv_model():
         torch.randn(1, 4, 8, 8)
 
 
-FAST = dict(max_depth=0, max_candidates=0, time_budget=1.0, choose_libraries=False,
+FAST = dict(max_depth=0, guided_depth=0, max_candidates=0, time_budget=1.0, choose_libraries=False,
             context=False, settle=0.0)
 
 

@@ -108,6 +108,27 @@ def test_a_shorter_search_is_cached_apart():
     assert decision_key(cfg, "fp", frozenset({"x0"}), partial=True) == full + "|partial"
 
 
+def test_another_guided_depth_is_another_search(monkeypatch, optimize_cli_kwargs):
+    """``guided_depth`` reaches every search, names its decisions in the cache (the default
+    adds nothing: keys made before it was a setting stay valid) and is a CLI flag."""
+    assert "guided" not in decision_key(OptimizeConfig(), "fp", frozenset())
+    short = decision_key(OptimizeConfig(guided_depth=2), "fp", frozenset())
+    assert "|depth2|guided2|budget30|" in short
+    depths: list[int] = []
+
+    def derive(expr, **kw):
+        depths.append(kw["config"].guided_depth)
+        return DeriveResult([], {"candidates": 0}, expr)
+
+    monkeypatch.setattr(model_mod, "derive", derive)
+    m, x = _model()
+    ollie.optimize(m, x, guided_depth=3, use_cache=False, context=False)
+    assert depths and set(depths) == {3}
+    assert optimize_cli_kwargs(["optimize", "zoo:srcnn", "--guided-depth", "1"])[
+        "guided_depth"] == 1
+    assert "guided_depth" not in optimize_cli_kwargs(["optimize", "zoo:srcnn"])
+
+
 def _optimize(clock: FakeClock, step: float = 1.0, **kwargs
               ) -> tuple[ollie.OptimizedModel, list[float]]:
     """Optimise :func:`_model`, the clock moving on ``step`` seconds per subprogram; returns

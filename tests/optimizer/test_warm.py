@@ -22,8 +22,9 @@ from ollie.settings import using
 from ollie.tune import choice
 from ollie.tune.cache import CostCache
 
-FAST = dict(max_depth=1, max_candidates=1, settle=0.0, context=False, time_budget=5.0,
-            total_budget=None)
+# two guided steps per scope: the searches end when done, well before their budget
+FAST = dict(max_depth=1, guided_depth=2, max_candidates=1, settle=0.0, context=False,
+            time_budget=5.0, total_budget=None)
 
 
 def _model() -> tuple[nn.Module, torch.Tensor]:

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subprogram-budget", type=float, default=30.0, metavar="S",
                    help="search seconds per distinct subprogram at most (default 30)")
     p.add_argument("--max-depth", type=int, default=2, help="explorative depth (default 2)")
+    p.add_argument("--guided-depth", type=int, default=None,
+                   help="guided steps per scope toward library operators (default: "
+                        "OptimizeConfig's, 6)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--explain", action="store_true",
                    help="print each subprogram's nodes and derivation (inter-expression rules, "
@@ -91,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         opt = optimize(model, inputs, device=args.device, time_budget=args.subprogram_budget,
                        total_budget=args.time_budget, max_depth=args.max_depth,
+                       **({} if args.guided_depth is None else
+                          {"guided_depth": args.guided_depth}),
                        progress=progress, kernel_library=args.kernel_library,
                        derivation=args.derivation)
     finally:

@@ -48,11 +48,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ollie.fingerprint import fingerprint
 from ollie.optimizer.rename import canonical_names
 from ollie.optimizer.select import layout_key
+from ollie.search.config import GUIDED_DEPTH
 from ollie.tune.cache import CostCache, device_key
 
 if TYPE_CHECKING:
@@ -93,6 +94,29 @@ def default_total(distinct: int) -> float:
     return min(AUTO_CAP, AUTO_BASE + AUTO_PER_SUBPROGRAM * max(0, distinct))
 
 
+class SearchSettings(Protocol):
+    """The settings naming a subprogram's search (:class:`ollie.optimizer.config.
+    OptimizeConfig` has them)."""
+
+    @property
+    def max_depth(self) -> int: ...
+    @property
+    def guided_depth(self) -> int: ...
+    @property
+    def time_budget(self) -> float: ...
+    @property
+    def max_candidates(self) -> int: ...
+
+
+def search_key(cfg: SearchSettings) -> str:
+    """The part of a cached decision's key naming the search that made it:
+    ``depth<d>|budget<s>|cands<n>``, with ``|guided<g>`` after the depth when the guided
+    depth is not the default (:data:`ollie.search.config.GUIDED_DEPTH`; keys made before it
+    was a setting stay valid)."""
+    guided = "" if cfg.guided_depth == GUIDED_DEPTH else f"|guided{cfg.guided_depth}"
+    return f"depth{cfg.max_depth}{guided}|budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
+
+
 def decision_key(cfg: OptimizeConfig, expr_fingerprint: str, channels_last: frozenset[str],
                  partial: bool = False) -> str:
     """The decision-cache key of a subprogram searched under ``cfg``; ``partial``: for a
@@ -100,8 +124,7 @@ def decision_key(cfg: OptimizeConfig, expr_fingerprint: str, channels_last: froz
     budget), kept apart so that a search with the full budget is never replaced by it."""
     # "decision3": the key's version, bumped when what a decision holds changes
     # (history: docs/design/010-caches.md)
-    return (f"decision3|{expr_fingerprint}|{device_key(cfg.device)}|depth{cfg.max_depth}|"
-            f"budget{cfg.time_budget:g}|cands{cfg.max_candidates}"
+    return (f"decision3|{expr_fingerprint}|{device_key(cfg.device)}|{search_key(cfg)}"
             f"{layout_key(channels_last)}{'|partial' if partial else ''}")
 
 

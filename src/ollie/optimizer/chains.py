@@ -38,6 +38,7 @@ from ollie.graph import Graph
 from ollie.graph.chains import Chain
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.ir.exprprogram import ExprProgram
+from ollie.optimizer.budget import search_key
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Placed
 from ollie.optimizer.plausible import Allowance
@@ -165,8 +166,8 @@ def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
     reused = key in memo
     if not reused:
         ckey, lookups = allowance.keys(
-            f"{key}|chain{CHAIN_VERSION}|{device_key(config.device)}|depth"
-            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+            f"{key}|chain{CHAIN_VERSION}|{device_key(config.device)}|"
+            f"{search_key(config)}")
         found = None
         for lookup in lookups:
             doc = None if cache is None else cache.get_decision(lookup)
@@ -216,6 +217,7 @@ def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
                          for _ in range(merges))]
         res = derive(flat, max_depth=config.max_depth, time_budget=allowance.seconds,
                      config=SearchConfig(max_candidates=config.max_candidates, seed=config.seed,
+                                         guided_depth=config.guided_depth,
                                          roofline=machine_roofline(config.device, cache)))
     consts = {x: constant_array(v) for x, v in inputs.items() if inverse[x] in constants}
     acts = tuple((x, tuple(v.shape)) for x, v in inputs.items() if x not in consts)

@@ -10,6 +10,7 @@ import torch
 from ollie.errors import check_settings
 from ollie.optimizer.budget import AUTO
 from ollie.policy import VENDOR_ONLY, Implementations
+from ollie.search.config import GUIDED_DEPTH
 from ollie.settings import current
 from ollie.tune.measure import SETTLE_SECONDS
 
@@ -39,10 +40,14 @@ class OptimizeConfig:
     (:func:`ollie.graph.partition.partition`, none in a sibling group or chain) is derived as
     one subprogram with the inter-expression rules (:mod:`ollie.optimizer.regions`; GCN's
     global-convolution block merged by the rules' sum mode) and kept when faster than its
-    nodes decided alone; off, its nodes are decided alone only."""
+    nodes decided alone; off, its nodes are decided alone only.
+    ``max_depth``: explorative derivation steps per subprogram; ``guided_depth``: guided steps
+    per scope toward library operators (:class:`ollie.search.config.SearchConfig`), fewer for
+    a shorter search where the clock never runs out (a test's stopped clock)."""
 
     device: str = "cpu"
     max_depth: int = 2
+    guided_depth: int = GUIDED_DEPTH  # guided steps per scope toward library operators
     time_budget: float = 30.0     # seconds of search per distinct subprogram
     # seconds for the whole model ("auto": scaled with its subprograms; None: unbounded)
     total_budget: float | Literal["auto"] | None = AUTO
@@ -70,6 +75,7 @@ class OptimizeConfig:
                        and (kind != "cuda" or torch.cuda.is_available()),
                        "'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
             "max_depth": (self.max_depth, self.max_depth >= 0, ">= 0"),
+            "guided_depth": (self.guided_depth, self.guided_depth >= 0, ">= 0"),
             "time_budget": (self.time_budget, self.time_budget > 0, "> 0 seconds"),
             "total_budget": (self.total_budget, self.total_budget in (None, AUTO) or (
                 isinstance(self.total_budget, (int, float)) and self.total_budget > 0),

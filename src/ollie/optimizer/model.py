@@ -340,9 +340,9 @@ class _Optimizer(MultiNode):
         with memory_guard():
             with self.budget.phase("search"):
                 roof = machine_roofline(cfg.device, self.cache)
-                res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget,
-                             config=SearchConfig(max_candidates=cfg.max_candidates,
-                                                 seed=cfg.seed, roofline=roof))
+                res = derive(expr, max_depth=cfg.max_depth, time_budget=time_budget, config=(
+                    SearchConfig(max_candidates=cfg.max_candidates, seed=cfg.seed,
+                                 guided_depth=cfg.guided_depth, roofline=roof)))
             args = (node, expr, inputs, weights, cfg.device, channels_last)
             original = original_runner(*args)
             cands, short = res.candidates, dict[str, Any]()

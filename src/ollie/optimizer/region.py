@@ -42,6 +42,7 @@ from ollie.graph import Graph, Node
 from ollie.graph.siblings import canonical_members
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.match.eop import make_eop
+from ollie.optimizer.budget import search_key
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.rename import rename_kernels
@@ -77,6 +78,8 @@ class MergeSettings(Protocol):
     def device(self) -> str: ...
     @property
     def max_depth(self) -> int: ...
+    @property
+    def guided_depth(self) -> int: ...
     @property
     def time_budget(self) -> float: ...
     @property
@@ -189,8 +192,8 @@ def merge_siblings(graph: Graph, nodes: Sequence[Node], individual: Sequence[lis
     if not reused:
         weights = {k: constants[v] for k, v in inverse.items() if k != "x0"}
         ckey, lookups = allowance.keys(
-            f"{key}|merge{MERGE_VERSION}|{device_key(config.device)}|depth"
-            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+            f"{key}|merge{MERGE_VERSION}|{device_key(config.device)}|"
+            f"{search_key(config)}")
         found = None if cache is None else next(
             (got for k in lookups
              if (got := _cached(cache.get_decision(k), graph, act, weights, exprs))), None)
@@ -263,6 +266,7 @@ def _decide(graph: Graph, nodes: Sequence[Node], individual: Sequence[list[Kerne
             res = derive(merged, max_depth=config.max_depth,
                          time_budget=allowance.seconds / len(forms),
                          config=SearchConfig(max_candidates=config.max_candidates,
+                                             guided_depth=config.guided_depth,
                                              seed=config.seed,
                                              roofline=machine_roofline(config.device, cache)))
             ncand += res.stats["candidates"]

@@ -51,6 +51,7 @@ from ollie.graph.partition import Region
 from ollie.ir import Expr, Scope, accesses, format_program
 from ollie.ir.exprprogram import ExprProgram
 from ollie.match.eop import make_eop
+from ollie.optimizer.budget import search_key
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.outcome import Placed
 from ollie.optimizer.plausible import Allowance
@@ -260,8 +261,8 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
         # (which differs from run to run); a shorter search is kept apart ("|partial"), and a
         # bounded run reuses either, as subprogram decisions are (optimizer.budget.Budget.keys)
         ckey, lookups = allowance.keys(
-            f"{key}|region{REGION_VERSION}|{device_key(config.device)}|depth"
-            f"{config.max_depth}|budget{config.time_budget:g}|cands{config.max_candidates}")
+            f"{key}|region{REGION_VERSION}|{device_key(config.device)}|"
+            f"{search_key(config)}")
         found = None
         for lookup in lookups:
             doc = None if cache is None else cache.get_decision(lookup)
@@ -366,7 +367,7 @@ def _compose(prog: ExprProgram, step: Step, own: Mapping[str, str], alone: list[
         seconds = allowance.seconds * (0.2 / len(derived) + 0.8 * work[n] / total)
         res = derive(e, max_depth=config.max_depth, time_budget=seconds,
                      config=SearchConfig(max_candidates=config.max_candidates,
-                                         seed=config.seed,
+                                         guided_depth=config.guided_depth, seed=config.seed,
                                          roofline=machine_roofline(config.device, cache)))
         ncand += res.stats["candidates"]
         found[n] = allowance.first(res.candidates, config.max_candidates)

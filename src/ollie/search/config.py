@@ -11,6 +11,8 @@ from ollie.tune.cache import CostCache
 from ollie.tune.roofline import Roofline, roofline_for
 
 TARGETS = ("Matmul", "Conv", "G2BMM", "GBMM")
+GUIDED_DEPTH = 6
+"""Guided steps allowed per scope by default (:attr:`SearchConfig.guided_depth`)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class SearchConfig:
     guided: bool = True
     targets: tuple[str, ...] = TARGETS
     rules: tuple[str, ...] = INTRA_RULES
-    guided_depth: int = 6
+    guided_depth: int = GUIDED_DEPTH
     keep: int = 3
     verify_samples: int = 512
     rtol: float = 1e-3
