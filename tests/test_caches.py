@@ -25,8 +25,8 @@ def test_search_scope_defers_full_collections_and_releases_caches():
         seen["threshold"] = gc.get_threshold()
 
     expr = ollie.parse(CASES["conv3x3"].small)
-    ollie.derive(expr, max_depth=2, time_budget=30.0, max_candidates=1, progress=probe,
-                 clock=stopped_clock)  # visits the same states however busy the machine
+    ollie.derive(expr, max_depth=2, guided_depth=2, time_budget=30.0, max_candidates=1,
+                 progress=probe, clock=stopped_clock)  # the same states however busy the machine
     assert seen["cached"] > 0
     assert seen["threshold"][:2] == before[:2]
     assert seen["threshold"][2] == max(before[2], caches.DEFERRED_FULL_COLLECTIONS)

@@ -24,8 +24,8 @@ def _largest(cand) -> int:
 def test_candidates_over_the_tensor_limit_are_dropped_without_running(monkeypatch):
     expr = ollie.parse(CASES["conv3x3"].small)
     # a stopped clock: both searches run to their depth and find the same programs, however
-    # busy the machine
-    common = {"max_depth": 2, "time_budget": 60.0, "max_candidates": 16,
+    # busy the machine (two guided steps per scope: a search to its end in seconds)
+    common = {"max_depth": 2, "guided_depth": 2, "time_budget": 60.0, "max_candidates": 16,
               "clock": stopped_clock}
     assert SearchConfig().max_tensor_bytes is None  # default: a share of physical memory
     free = ollie.derive(expr, **common)  # the default drops none of these small programs
