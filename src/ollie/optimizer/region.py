@@ -42,7 +42,7 @@ from ollie.graph import Graph, Node
 from ollie.graph.siblings import canonical_members
 from ollie.ir import Expr, format_expr, rename_expr
 from ollie.match.eop import make_eop
-from ollie.optimizer.budget import search_key
+from ollie.optimizer.budget import SearchSettings, search_key
 from ollie.optimizer.memory import memory_guard
 from ollie.optimizer.plausible import Allowance
 from ollie.optimizer.rename import rename_kernels
@@ -71,19 +71,12 @@ G_PLACEMENTS: tuple[int | Literal["inner"], ...] = ("inner", 0)
 """The forms of the merged expression derived: ``g`` inner (one GEMM), ``g`` leading."""
 
 
-class MergeSettings(Protocol):
-    """The settings sibling merging reads (:class:`ollie.optimizer.model.OptimizeConfig`)."""
+class MergeSettings(SearchSettings, Protocol):
+    """The settings sibling merging reads (:class:`ollie.optimizer.model.OptimizeConfig`):
+    the search's (:class:`~ollie.optimizer.budget.SearchSettings`), the device and the seed."""
 
     @property
     def device(self) -> str: ...
-    @property
-    def max_depth(self) -> int: ...
-    @property
-    def guided_depth(self) -> int: ...
-    @property
-    def time_budget(self) -> float: ...
-    @property
-    def max_candidates(self) -> int: ...
     @property
     def seed(self) -> int: ...
 
