@@ -42,8 +42,8 @@ class OptimizeConfig:
     global-convolution block merged by the rules' sum mode) and kept when faster than its
     nodes decided alone; off, its nodes are decided alone only.
     ``max_depth``: explorative derivation steps per subprogram; ``guided_depth``: guided steps
-    per scope toward library operators (:class:`ollie.search.config.SearchConfig`), fewer for
-    a shorter search where the clock never runs out (a test's stopped clock)."""
+    per scope toward library operators (:class:`ollie.search.config.SearchConfig`); fewer
+    make a search that reaches its end sooner, finding what lies within fewer steps."""
 
     device: str = "cpu"
     max_depth: int = 2
