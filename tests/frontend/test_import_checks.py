@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from ollie.errors import OllieError, ShapeError
-from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
+from ollie.frontend import from_onnx, from_torch, onnx_import, torch_check
 from ollie.graph import run_graph
 from ollie.testing.programs import TwoInputs
 
@@ -25,7 +25,7 @@ def test_one_tensor_as_two_example_inputs_traces_both_inputs() -> None:
     with torch.no_grad():
         want = model(a, b)
     torch.testing.assert_close(run_graph(graph, [a, b])[graph.outputs[0]], want)
-    torch_import.check_import(graph, model, (x, x))
+    torch_check.check_import(graph, model, (x, x))
 
 
 def test_check_import_refuses_a_graph_that_is_not_the_modules() -> None:
@@ -35,21 +35,44 @@ def test_check_import_refuses_a_graph_that_is_not_the_modules() -> None:
     other = TwoInputs().eval()
     with torch.no_grad():
         other.conv.weight.mul_(2)
-    with pytest.raises(OllieError, match="disagrees with the module on output 0"):
-        torch_import.check_import(graph, other, (x, x))
+    with pytest.raises(OllieError, match=r"disagrees with the module on output 0.*conversion bug"):
+        torch_check.check_import(graph, other, (x, x))
+
+
+class Doubled(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+
+class Cancelling(nn.Module):
+    """``2x`` computed through ``x + 3e5``: in float32 every value is rounded to a multiple
+    of 1/32 first, in float64 nearly exact."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x + 3e5) - 3e5) * 2.0
+
+
+def test_check_import_blames_a_module_ill_conditioned_in_float32() -> None:
+    # the graph computes 2x exactly; the module's own float32 output is as far from it as
+    # from the module's float64 output: its numerics are to blame, not a conversion
+    x = torch.randn(2, 64)
+    graph = from_torch(Doubled().eval(), (x,))
+    with pytest.raises(OllieError, match=r"own float32 output differs from its float64 "
+                                         r"output by \d\.\d+e-0[23]"):
+        torch_check.check_import(graph, Cancelling().eval(), (x,))
 
 
 def test_float32_problem_names_the_tensor_and_the_fix() -> None:
     conv = nn.Conv2d(3, 4, 3)
     x = torch.randn(1, 3, 6, 6)
-    assert torch_import.float32_problem(conv, (x,)) is None
-    msg = torch_import.float32_problem(conv.double(), (x.double(),))
+    assert torch_check.float32_problem(conv, (x,)) is None
+    msg = torch_check.float32_problem(conv.double(), (x.double(),))
     assert "example input 0 is torch.float64" in msg and "x.float()" in msg
-    msg = torch_import.float32_problem(conv, (x.half(),))
+    msg = torch_check.float32_problem(conv, (x.half(),))
     assert "torch.float16" in msg and "model.float()" in msg
-    msg = torch_import.float32_problem(nn.Conv2d(3, 4, 3).half(), (x,))
+    msg = torch_check.float32_problem(nn.Conv2d(3, 4, 3).half(), (x,))
     assert "parameter 'weight' is torch.float16" in msg and "model.float()" in msg
-    msg = torch_import.float32_problem(nn.Embedding(4, 2), (torch.zeros(2, dtype=torch.long),))
+    msg = torch_check.float32_problem(nn.Embedding(4, 2), (torch.zeros(2, dtype=torch.long),))
     assert "torch.int64" in msg and "float32 tensors only" in msg
 
 

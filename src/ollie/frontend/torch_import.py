@@ -6,7 +6,9 @@ fails), then each ``aten`` node is converted by the handlers of
 become initializers (named after their state-dict key); nodes whose inputs are all constants
 are evaluated once and become initializers too (compile-time weight transforms). Unknown
 operators become ``Opaque`` nodes that call the ``aten`` op. Every converted tensor's shape is
-checked against the shape ``torch.export`` recorded.
+checked against the shape ``torch.export`` recorded. The checks of a module before and
+after its import (:func:`float32_problem`, :func:`check_import`) are in
+:mod:`ollie.frontend.torch_check`.
 """
 
 from __future__ import annotations
@@ -390,79 +392,3 @@ def from_torch(module: torch.nn.Module, example_inputs: Any, *, name: str | None
 
         graph = fold(graph)
     return graph
-
-
-def float32_problem(module: torch.nn.Module, example_inputs: Sequence[Any]) -> str | None:
-    """Why Ollie cannot optimise ``module`` with ``example_inputs`` as a float32 model, and
-    what to do (an example input that is a tensor of another dtype, a floating-point or
-    complex parameter or buffer of another dtype), or None."""
-    what = "Ollie optimizes float32 models (its programs compute in float32)"
-    for k, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor) and x.dtype != torch.float32:
-            if not x.is_floating_point():
-                return (f"{what}; example input {k} is a {x.dtype} tensor, and the inputs of "
-                        "an optimized program are float32 tensors only")
-            return (f"{what}; example input {k} is {x.dtype}: pass float32 inputs "
-                    "(x.float()) and call model.float()")
-    for kind, named in (("parameter", module.named_parameters()),
-                        ("buffer", module.named_buffers())):
-        for name, t in named:
-            if (t.is_floating_point() or t.is_complex()) and t.dtype != torch.float32:
-                return (f"{what}; {kind} '{name}' is {t.dtype}: call model.float() and pass "
-                        "float32 inputs")
-    return None
-
-
-IMPORT_RTOL = 1e-3
-"""Largest relative error (largest absolute difference over the largest magnitude) of an
-imported graph's outputs against the module's, in :func:`check_import`."""
-
-
-def check_import(graph: Graph, module: torch.nn.Module, example_inputs: Sequence[Any],
-                 seed: int = 0) -> None:
-    """Raise :class:`~ollie.errors.OllieError` unless ``graph`` computes what ``module``
-    computes: both run on new random inputs shaped like ``example_inputs`` (standard normal,
-    one tensor per input, on their device, in full float32). Catches a graph that differs
-    from the module it was imported from (a conversion bug, or a module whose output is not a
-    function of its inputs: random sampling in eval mode) before anything is optimised. Skipped
-    for a module in training mode (its dropout and batch statistics are not what Ollie
-    optimises) or one whose inputs are not all floating-point tensors."""
-    from torch.utils._pytree import tree_leaves
-
-    from ollie.exec.precision import full_fp32
-    from ollie.graph.execute import run_graph
-
-    if module.training or not all(isinstance(x, torch.Tensor) and x.is_floating_point()
-                                  for x in example_inputs):
-        return
-    gen = torch.Generator().manual_seed(seed)
-    feeds = [torch.randn(tuple(x.shape), generator=gen, dtype=x.dtype).to(x.device)
-             for x in example_inputs]
-    with torch.no_grad(), full_fp32():
-        try:
-            want = [t for t in tree_leaves(module(*feeds)) if isinstance(t, torch.Tensor)]
-        except Exception as e:
-            raise UnsupportedError(f"from_torch({graph.name}): the module fails on new inputs "
-                                   f"of the example inputs' shapes ({_line(e)})") from e
-        got = run_graph(graph, feeds)
-    if len(want) != len(graph.outputs):
-        raise ShapeError(f"from_torch({graph.name}): the module returns {len(want)} tensor(s), "
-                         f"the imported graph {len(graph.outputs)} (conversion bug)")
-    for k, (name, w) in enumerate(zip(graph.outputs, want, strict=True)):
-        g = got[name]
-        if tuple(g.shape) != tuple(w.shape):
-            raise ShapeError(f"from_torch({graph.name}): output {k} has shape "
-                             f"{list(w.shape)}, the imported graph's {list(g.shape)} "
-                             "(conversion bug)")
-        w64, g64 = w.detach().double(), g.double()
-        same_nan = torch.equal(torch.isnan(w64), torch.isnan(g64))
-        fin = torch.isfinite(w64) & torch.isfinite(g64)
-        scale = float(w64[fin].abs().max()) if fin.any() else 0.0
-        err = float((w64[fin] - g64[fin]).abs().max()) / max(scale, 1e-30) if fin.any() \
-            else 0.0
-        if not same_nan or err > IMPORT_RTOL:
-            raise OllieError(f"from_torch({graph.name}): the imported graph disagrees with the "
-                             f"module on output {k} (relative error {err:.2e}"
-                             f"{'' if same_nan else ', NaN elsewhere'}): a conversion bug, or "
-                             "a module whose output is not a function of its inputs; Ollie "
-                             "does not optimise it")

@@ -23,7 +23,7 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
     caller does that before it uses the graph for anything but a cache lookup). A model
     that is not float32 raises :class:`~ollie.errors.UnsupportedError` saying what to
     convert."""
-    from ollie.frontend import from_onnx, from_torch, onnx_import, torch_import
+    from ollie.frontend import from_onnx, from_torch, onnx_import, torch_check
     from ollie.graph.passes import eliminate_identity, fold_batchnorm
 
     if isinstance(example_inputs, torch.Tensor):
@@ -33,7 +33,7 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
             raise OllieError("optimize(module, example_inputs): example inputs are needed to "
                              "trace a torch module")
         inputs = tuple(example_inputs)
-        problem = torch_import.float32_problem(model, inputs)
+        problem = torch_check.float32_problem(model, inputs)
         if problem is not None:
             raise UnsupportedError(problem)
         graph = fold_batchnorm(eliminate_identity(from_torch(model, inputs)))
@@ -54,13 +54,13 @@ def to_graph(model: object, example_inputs: Sequence[torch.Tensor] | torch.Tenso
 def checked_import(graph: Graph, model: object,
                    example_inputs: Sequence[torch.Tensor] | torch.Tensor | None) -> Graph:
     """``graph`` once it is checked against ``model`` when that is a torch module
-    (:func:`ollie.frontend.torch_import.check_import`, which raises where they differ)."""
-    from ollie.frontend import torch_import
+    (:func:`ollie.frontend.torch_check.check_import`, which raises where they differ)."""
+    from ollie.frontend import torch_check
 
     if isinstance(model, torch.nn.Module) and example_inputs is not None:
         inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else \
             tuple(example_inputs)
-        torch_import.check_import(graph, model, inputs)
+        torch_check.check_import(graph, model, inputs)
     return graph
 
 

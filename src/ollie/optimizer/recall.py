@@ -45,7 +45,7 @@ import torch
 from ollie.cachedir import cache_root
 from ollie.errors import OllieError
 from ollie.exec.executor import CompiledProgram
-from ollie.frontend.torch_import import IMPORT_RTOL
+from ollie.frontend.torch_check import IMPORT_RTOL
 from ollie.graph.ir import Graph
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import Reference, agrees, confirm, module_reference, reference

@@ -100,6 +100,27 @@ def redraw_zero_layers(module: nn.Module) -> None:
             m.reset_parameters()
 
 
+def mark_residual_ends(module: nn.Module, tv: ModuleType) -> None:
+    """Mark the BatchNorm that ends each residual branch of a torchvision model
+    (``residual_end``, read by :func:`ollie.zoo.init.calibrate`), as the zoo's ResNets do:
+    the last BatchNorm of a block that adds its input back (``use_res_connect`` /
+    ``apply_residual`` set: MobileNet, EfficientNet, MNASNet blocks; torchvision's ResNet and
+    RegNet residual blocks), outside its shortcut. Unmarked, every residual add of a random
+    network doubles its activations' variance: a random EfficientNetV2-S's float32 output
+    then differs from its own float64 output by 12%, too ill-conditioned for any rewrite to
+    be checked against it."""
+    blocks = (tv.models.resnet.BasicBlock, tv.models.resnet.Bottleneck,
+              tv.models.regnet.ResBottleneckBlock)
+    for m in module.modules():
+        if isinstance(m, blocks) or getattr(m, "use_res_connect", False) is True or \
+                getattr(m, "apply_residual", False) is True:
+            norms = [b for name, b in m.named_modules()
+                     if isinstance(b, nn.BatchNorm2d)
+                     and name.split(".")[0] not in ("downsample", "proj")]
+            if norms:
+                norms[-1].residual_end = True
+
+
 def build_torchvision(name: str, batch: int = 1, size: int = 224) -> Built:
     """``tv:NAME`` (see the module docstring)."""
     tv = import_torchvision()
@@ -113,6 +134,7 @@ def build_torchvision(name: str, batch: int = 1, size: int = 224) -> Built:
         module = factory(weights=None)
         module.eval()
         redraw_zero_layers(module)
+        mark_residual_ends(module, tv)
         # 8 images: the BatchNorms of the last, smallest feature maps need that many values
         # for running statistics that hold on other inputs (with 2, a random EfficientNet's
         # activations grow by orders of magnitude on new inputs, and so does float32 rounding)

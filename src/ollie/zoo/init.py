@@ -12,7 +12,8 @@ batch so that activations stay O(1) through the whole network:
 * every ``BatchNorm2d`` gets running statistics equal to its input's batch statistics, and
   random affine parameters (``gamma ~ U(0.5, 1)``, ``beta ~ N(0, 0.1)``) so that folding the
   normalisation into convolutions is not a no-op. A BatchNorm that ends a residual branch
-  (attribute ``residual_end = True``, set by the ResNet blocks) gets ``gamma ~ U(0.2, 0.4)``,
+  (attribute ``residual_end = True``, set by the zoo's ResNet blocks, and for torchvision models by
+  :func:`ollie.zoo.external.mark_residual_ends`) gets ``gamma ~ U(0.2, 0.4)``,
   as in trained ResNets: with full-size residual branches a random ResNet-50 amplifies
   float32 rounding ~1000x (5e-5 relative output error), with these ~100x less.
 
