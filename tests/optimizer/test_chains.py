@@ -76,3 +76,27 @@ def test_slower_chains_keep_their_nodes(ollie_settings, monkeypatch):
     assert sum("not fused" in n for n in opt.notes) == 2
     assert not {"G2BMM", "GBMM"} & {k.kind for k in opt.program.kernels}
     _close(opt, m, x)
+
+
+class ScaledAttention(torch.nn.Module):
+    """Scores of heads split from one projection, ``q`` scaled by a Python number (Swin's
+    attention): the scale is a 0-d constant of the model and a [1] tensor in the chain's
+    expression."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(1, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        scores = (q * 8 ** -0.5).matmul(k.transpose(-2, -1))
+        return scores.softmax(-1).matmul(v)
+
+
+def test_a_chain_reading_a_scalar_constant_is_decided(ollie_settings):
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    m, x = ScaledAttention().eval(), torch.randn(1, 16, 32)
+    opt = ollie.optimize(m, x, **FAST)
+    scaled = [n for n in opt.notes if n.startswith("chain ") and ", mul," in n]
+    assert len(scaled) == 1 and "Error" not in scaled[0], opt.notes
+    _close(opt, m, x)

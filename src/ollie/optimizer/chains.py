@@ -206,7 +206,8 @@ def _decide(chain: Chain, expr: Expr, inverse: Mapping[str, str],
             config: MergeSettings, cache: CostCache | None,
             rng: np.random.Generator, allowance: Allowance) -> ChainOutcome:
     """Flatten, search, verify and measure the fused chain against its nodes alone."""
-    inputs = {x: (constants[n] if n in constants else
+    # a constant as the expression declares it (a scalar of the model is a [1] tensor there)
+    inputs = {x: (np.reshape(constants[n], expr.inputs[x]) if n in constants else
                   rng.standard_normal(expr.inputs[x]).astype(np.float32))
               for x, n in inverse.items()}
     programs: list[tuple[Candidate, Program]] = []
