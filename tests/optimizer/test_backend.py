@@ -11,9 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-import ollie  # noqa: F401  (registers the backend)
+import ollie  # registers the backend
 from ollie.optimizer import backend
+from ollie.optimizer import model as optimizer_model
+from ollie.optimizer.config import OptimizeConfig
 
+SHIPPED = backend.BACKEND_CONFIG
 FAST = {"time_budget": 0.5, "max_depth": 1, "context": False, "settle": 0.0,
         "choose_libraries": False, "max_candidates": 2, "use_cache": False}
 
@@ -220,3 +223,26 @@ def test_boolean_inputs_are_constants_checked_at_each_call(monkeypatch, caplog):
         other = ~mask
         assert torch.allclose(compiled(x, other), model(x, other), rtol=1e-4, atol=1e-5)
     assert "other values" in caplog.text
+
+
+def test_compile_after_optimize_reuses_its_decisions(monkeypatch, ollie_settings, tmp_path):
+    # the backend's settings are ollie.optimize's defaults, so decisions cached by one serve
+    # the other (with other search settings, a torch.compile after ollie.optimize of the same
+    # model searched every subprogram again)
+    assert OptimizeConfig() == SHIPPED
+    ollie_settings(cache_dir=tmp_path)
+    cfg = replace(SHIPPED, **{**FAST, "use_cache": True})
+    monkeypatch.setattr(backend, "BACKEND_CONFIG", cfg)
+    searched = []
+    real = optimizer_model.derive
+    monkeypatch.setattr(optimizer_model, "derive",
+                        lambda *a, **k: searched.append(1) or real(*a, **k))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    ollie.optimize(model, x, config=cfg)
+    assert searched
+    searched.clear()
+    with torch.no_grad():
+        got = torch.compile(model, backend="ollie")(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+    assert not searched

@@ -43,10 +43,12 @@ from ollie.errors import UnsupportedError
 from ollie.optimizer.model import OptimizeConfig, optimize
 
 log = logging.getLogger(__name__)
-BACKEND_CONFIG = OptimizeConfig(time_budget=10.0)
-"""Used by the torch.compile backend (replace it to change budgets): 10 s of search per
-distinct subprogram at most, within the default total budget of each graph
-(:data:`ollie.optimizer.budget.AUTO`)."""
+BACKEND_CONFIG = OptimizeConfig()
+"""Used by the torch.compile backend (replace it to change budgets): the defaults of
+:func:`ollie.optimize` (the default total budget of each graph,
+:data:`ollie.optimizer.budget.AUTO`), so that the decisions cached by ``ollie.optimize`` of a
+model serve ``torch.compile`` of it, and the reverse: cached decisions are keyed by the
+search settings (:func:`ollie.optimizer.budget.search_key`)."""
 MAX_SPECIALISATIONS = 8
 """Concrete shape sets optimised per dynamic-shape graph; beyond them it runs unchanged."""
 
