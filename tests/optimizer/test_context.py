@@ -104,6 +104,33 @@ def test_a_step_stopped_by_the_budget_keeps_the_start_and_is_not_cached(
     assert cache.db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 1
 
 
+def test_comparisons_end_with_the_budget_and_change_nothing_unconfirmed(
+        monkeypatch, ollie_settings, tmp_path):
+    """The total budget runs out while the switches are timed (``left``, on the comparisons'
+    fake clock): the comparison stops after its first rounds instead of going on for
+    :data:`context.MAX_SECONDS`, nothing changes, and nothing is cached."""
+    from ollie.optimizer.context import cached_refine
+    from ollie.optimizer.final import Reference
+    from ollie.settings import current
+    from ollie.tune.cache import CostCache
+
+    assemble, feeds, want = _setup(monkeypatch, ollie_settings)
+    clock = current().measure_clock
+    start, groups = frozenset({"slow", "neutral"}), _groups("slow", "fast", "neutral")
+    t0 = clock()
+    unbounded = refine(assemble, groups, start, "per operator", feeds, want, 1e-3)
+    full = clock() - t0
+    assert unbounded is not None and unbounded.on != start  # a switch wins, given the time
+    t0 = clock()
+    cache = CostCache(tmp_path / "costs.sqlite")
+    out = cached_refine(assemble, groups, start, "per operator", Reference(feeds, want, 1e-3),
+                        cache, "cpu", 0.0, left=lambda: t0 + 0.05 - clock())
+    assert out is not None and out.on == start and not out.complete
+    assert "stopped at the time budget, nothing confirmed" in out.note
+    assert clock() - t0 < full / 3
+    assert cache.db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 0
+
+
 @pytest.mark.timing
 def test_a_switch_that_changes_the_result_is_never_kept(monkeypatch, ollie_settings):
     assemble, feeds, want = _setup(monkeypatch, ollie_settings)
@@ -135,8 +162,8 @@ def test_a_switch_is_kept_only_when_a_second_comparison_confirms_it(monkeypatch,
         answers = iter([{start: 1.0, on: 0.90}, {start: 1.0, on: second}])
         calls = []
 
-        def scripted(choices, runner, spinning=(), rounds=0, settle=0.0, answers=answers,
-                     calls=calls):
+        def scripted(choices, runner, spinning=(), rounds=0, settle=0.0, max_seconds=0.0,
+                     answers=answers, calls=calls):
             calls.append(list(choices))
             for c in choices:
                 assert runner(c) is not None
@@ -159,7 +186,7 @@ def test_switches_each_within_the_noise_are_confirmed_together(monkeypatch, olli
     answers = iter([{start: 1.0, a: 0.99, b: 1.005, c: 1.05}, {start: 1.0, a: 0.99, ab: 0.95}])
     calls = []
 
-    def scripted(choices, runner, spinning=(), rounds=0, settle=0.0):
+    def scripted(choices, runner, spinning=(), rounds=0, settle=0.0, max_seconds=0.0):
         calls.append((list(choices), rounds))
         assert settle == context.SETTLE_SECONDS  # refine's default, passed on
         # each variant is timed as called in use (``CompiledProgram.__call__``: a tensor)
@@ -181,8 +208,8 @@ def test_a_decision_made_before_is_checked_and_applied_without_timing(monkeypatc
     assemble, feeds, want = _setup(monkeypatch, ollie_settings)
     timed = []
     monkeypatch.setattr(context, "_time",
-                        lambda choices, runner, spinning=(), rounds=0, settle=0.0:
-                        timed.append(choices) or {})
+                        lambda choices, runner, spinning=(), rounds=0, settle=0.0,
+                        max_seconds=0.0: timed.append(choices) or {})
     out = refine(assemble, _groups("slow", "fast"), frozenset({"slow"}), "per operator",
                  feeds, want, 1e-3, decided=frozenset({"fast"}))
     assert out is not None and out.on == frozenset({"fast"}) and out.note.endswith("(cached)")
@@ -206,7 +233,7 @@ def test_alternatives_of_one_subprogram_are_never_on_together(monkeypatch, ollie
     answers = iter([{start: 1.0, n1: 0.90, n2: 0.92, off: 0.95}, {start: 1.0, n1: 0.9, both: 0.8}])
     calls = []
 
-    def scripted(choices, runner, spinning=(), rounds=0, settle=0.0):
+    def scripted(choices, runner, spinning=(), rounds=0, settle=0.0, max_seconds=0.0):
         calls.append(list(choices))
         assert all(runner(c) is not None for c in choices)
         return next(answers)
@@ -274,7 +301,7 @@ def test_optimize_reports_and_caches_the_choice(monkeypatch, tmp_path, ollie_set
     seen = {}
 
     def all_off(assemble, groups, start, library, feeds, want, rtol, decided=None, settle=0.0,
-                stop=None):
+                stop=None, left=None):
         seen["groups"] = groups
         seen["decided"] = decided
         prog = context.variant(context.postprocess(assemble(frozenset())), library)
@@ -335,7 +362,7 @@ def test_an_alternative_switched_on_runs_and_is_reported(monkeypatch, tmp_path,
     seen = {}
 
     def all_alternatives_on(assemble, groups, start, library, feeds, want, rtol,
-                            decided=None, settle=0.0, stop=None):
+                            decided=None, settle=0.0, stop=None, left=None):
         seen["decided"] = decided
         on = frozenset(g.key for g in groups if g.alternative)
         seen["on"] = on

@@ -29,7 +29,7 @@ def _program():
 def _fake_times(fast: set[str]):
     """``_time`` measuring 1.0 for every choice, 0.9 for one that switches off a key of
     ``fast`` (each such single switch wins, and together they win more)."""
-    def timed(choices, runner, spinning=frozenset(), rounds=0, settle=0.0):
+    def timed(choices, runner, spinning=frozenset(), rounds=0, settle=0.0, max_seconds=0.0):
         out = {}
         for on in dict.fromkeys(choices):
             if runner(on) is not None:

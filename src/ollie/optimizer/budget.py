@@ -27,7 +27,9 @@ Every later phase checks the budget and falls back to the best program so far: s
 merges, chain fusion and linear regions are not tried once no search would start
 (:meth:`Budget.out_of_time`; the budget's note names them, :meth:`Budget.may_try`),
 whole-program comparisons that are not cached are skipped once a subprogram went unsearched or
-the budget is spent (:meth:`Budget.may_compare`), and once the budget is spent no choice
+the budget is spent (:meth:`Budget.may_compare`), the program context step's comparisons end
+when it is spent (a switch not confirmed by then is not made; :mod:`ollie.optimizer.context`),
+and once the budget is spent no choice
 among implementations is measured any more (:attr:`ollie.settings.Settings.new_choices`,
 :meth:`Budget.may_choose`): an operator whose library was not chosen before runs the
 framework's implementation, built alone (no Winograd transforms compiled, no probes); a

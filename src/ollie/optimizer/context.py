@@ -97,14 +97,16 @@ class Refined:
     program: Program
     note: str
     complete: bool = True
-    """False when ``stop`` ended the step before every switch was timed (not cached)."""
+    """False when ``stop`` ended the step before every switch was timed, or the budget
+    (``left``) ended a comparison (not cached)."""
 
 
 def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
            start: frozenset[str], library: str, feeds: Mapping[str, torch.Tensor],
            want: Mapping[str, torch.Tensor], rtol: float,
            decided: frozenset[str] | None = None, settle: float = SETTLE_SECONDS,
-           stop: Callable[[], bool] | None = None) -> Refined | None:
+           stop: Callable[[], bool] | None = None,
+           left: Callable[[], float] | None = None) -> Refined | None:
     """Switch the rewrites of ``groups`` in the program ``assemble(on)`` (the raw program with
     the rewrites of the groups in ``on`` and the original operators elsewhere), starting from
     ``start``; every variant is post-processed and run under ``library`` (a decision of
@@ -112,8 +114,10 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     (e.g. from the cost cache), checked and applied without timing. ``settle``: seconds idle
     before the samples around a variant whose ONNX Runtime session spins (0: none). ``stop``
     (the total budget spent): once it answers True before every variant is built, none is
-    timed and ``start`` is returned, marked incomplete. None when there is nothing to switch
-    or no variant ran."""
+    timed and ``start`` is returned, marked incomplete. ``left``: the seconds left of the total
+    budget; each comparison lasts at most that long (at least three rounds), and a comparison
+    that ends with the budget spent changes nothing: the current choice is returned, marked
+    incomplete. None when there is nothing to switch or no variant ran."""
     from ollie.exec.dispatch import precompile_programs
     from ollie.exec.executor import CompiledProgram
 
@@ -197,7 +201,18 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
                        f"the time budget after building {len(built_singles)} of {len(singles)} "
                        "variants; none timed)", complete=False)
     singles = built_singles
-    times = _time([current, *singles], runner, spinning, settle=settle)
+
+    def limit() -> float:
+        return MAX_SECONDS if left is None else min(MAX_SECONDS, max(0.0, left()))
+
+    def spent() -> bool:
+        return left is not None and left() <= 0
+
+    def halted(detail: str) -> Refined:  # the budget ended a comparison: nothing changes
+        return Refined(current, programs[current], f"program context: as chosen ({detail}; "
+                       "stopped at the time budget, nothing confirmed)", complete=False)
+
+    times = _time([current, *singles], runner, spinning, settle=settle, max_seconds=limit())
     if current not in times:
         return None
     base = times[current]
@@ -208,13 +223,18 @@ def refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group
     pick = current
     together = _compatible(winners if len(winners) > 1 else level, current, nodes_of)
     together = together if len(together) > 1 else []
+    if spent():
+        return halted(detail)
     if winners or together:
         # confirm in a second, independent and longer comparison: the best single switch
         # and, when several were faster, all of them together, against the current choice
         choices = [current, level[0]]
         if together:
             choices.append(frozenset(current ^ set().union(*(on ^ current for on in together))))
-        again = _time(choices, runner, spinning, rounds=CONFIRM_ROUNDS, settle=settle)
+        again = _time(choices, runner, spinning, rounds=CONFIRM_ROUNDS, settle=settle,
+                      max_seconds=limit())
+        if spent():
+            return halted(detail + (f"; then {_detail(again, start, names)}" if again else ""))
         if current in again:
             detail += f"; then {_detail(again, start, names)}"
             fastest = min(again, key=again.__getitem__)
@@ -249,10 +269,11 @@ def _detail(times: Mapping[frozenset[str], float], start: frozenset[str],
 def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequence[Group],
                   start: frozenset[str], library: str, ref: Reference,
                   cache: CostCache | None, device: str, settle: float = SETTLE_SECONDS,
-                  timed: bool = True, stop: Callable[[], bool] | None = None
-                  ) -> Refined | None:
+                  timed: bool = True, stop: Callable[[], bool] | None = None,
+                  left: Callable[[], float] | None = None) -> Refined | None:
     """:func:`refine` on the reference ``ref``, its choice kept in ``cache`` under the digests
-    of the programs with all rewrites and with none (unless ``stop`` ended it early).
+    of the programs with all rewrites and with none (unless ``stop`` or ``left`` ended it
+    early).
     ``timed`` off (the total time budget is spent): only a cached choice is applied; None
     without one."""
     key = decided = None
@@ -265,7 +286,7 @@ def cached_refine(assemble: Callable[[frozenset[str]], Program], groups: Sequenc
     if decided is None and not timed:
         return None
     refined = refine(assemble, groups, start, library, ref.feeds, ref.want, ref.rtol, decided,
-                     settle, stop)
+                     settle, stop, left)
     if refined is not None and refined.complete and cache is not None and key is not None \
             and refined.on != decided:
         cache.put_decision(key, json.dumps(sorted(refined.on)))
@@ -289,7 +310,8 @@ def _decision(doc: str | None, keys: set[str]) -> frozenset[str] | None:
 
 def _time(choices: Sequence[frozenset[str]], runner,
           spinning: set[frozenset[str]] | frozenset = frozenset(), rounds: int = ROUNDS,
-          settle: float = SETTLE_SECONDS) -> dict[frozenset[str], float]:
+          settle: float = SETTLE_SECONDS, max_seconds: float = MAX_SECONDS
+          ) -> dict[frozenset[str], float]:
     """Interleaved steady-state times of the programs of ``choices``; the samples of a program
     with an ONNX Runtime session that spins (``spinning``), and the samples that follow them,
     start after ``settle`` seconds idle (``measure_alternating``'s ``settle_around``)."""
@@ -301,7 +323,7 @@ def _time(choices: Sequence[frozenset[str]], runner,
     names = {f"v{i}": on for i, on in enumerate(fns)}
     times = measure_alternating({n: fns[on] for n, on in names.items()}, "cpu",
                                 rounds=rounds, min_sample=0.02, lead_calls=1,
-                                max_seconds=MAX_SECONDS, settle=settle,
+                                max_seconds=max_seconds, settle=settle,
                                 lead_seconds=settled_lead(settle),
                                 settle_around={n for n, on in names.items() if on in spinning})
     return {names[n]: t for n, t in times.items()}

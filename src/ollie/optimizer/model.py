@@ -471,7 +471,7 @@ def _optimize_graph(graph: Graph, cfg: OptimizeConfig,
         try:
             with budget.phase("context"):
                 refined = cached_refine(opt.assemble, groups, start, library, ref, opt.cache,
-                                        cfg.device, cfg.settle, timed, budget.spent)
+                                        cfg.device, cfg.settle, timed, budget.spent, budget.left)
         except Exception as exc:  # optional: the checked program stays
             notes.append(f"program context step skipped: {cause(exc)}")
             log.warning("program context step skipped: %s", cause(exc))
