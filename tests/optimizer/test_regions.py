@@ -218,3 +218,27 @@ def test_a_region_decision_is_reused_whatever_share_of_the_budget_it_had(
     assert set(decided) == {1.0}  # nothing decided again
     assert any(n.startswith("region conv2d") for n in again.notes)
     _close(again, m, x)
+
+
+class GatedPair(torch.nn.Module):
+    """Two 1x1 convolutions around a residual add, then hardswish (MobileNetV3's pattern):
+    the hardswish gate's scale and shift are 0-d constants of the model, and [1] tensors in
+    the region's expressions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(8, 8, 1), torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.hardswish(self.b(self.a(x) + x))
+
+
+def test_a_region_reading_scalar_constants_is_derived(ollie_settings):
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    torch.manual_seed(0)
+    m, x = GatedPair().eval(), torch.randn(1, 8, 6, 6)
+    opt = ollie.optimize(m, x, **FAST)
+    notes = [n for n in opt.notes if n.startswith("region ")]
+    assert notes and not any("Error" in n for n in notes), opt.notes
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-4, atol=1e-5)

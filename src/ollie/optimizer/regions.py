@@ -249,7 +249,10 @@ def derive_region(graph: Graph, region: Region, individual: Mapping[str, list[Ke
         return None
     constants = {**constants, **consts}
     inverse = {v: k for k, v in names.items()}
-    canon_consts = {c: constants[m] for c, m in inverse.items() if m in constants}
+    # each constant as the expressions declare it (a scalar of the model is a [1] tensor there)
+    decls = dict(ep.inputs)
+    canon_consts = {c: np.reshape(constants[m], decls[c]) if c in decls else constants[m]
+                    for c, m in inverse.items() if m in constants}
     # constants the nodes' own decisions made keep their names, and name the decision
     extra = {t: constants[t] for n in region.nodes for k in individual[n.name]
              for t in k.inputs if t not in names and t in constants}
