@@ -87,9 +87,13 @@ def test_a_program_that_fails_when_called_falls_back(monkeypatch, caplog):
 
     def failing(*args, **kwargs):
         opt = real(*args, **kwargs)
+        calls = []
 
-        def run(*a):
-            raise RuntimeError("kernel exploded")
+        def run(*a):  # right on the backend's own check, then failing
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("kernel exploded")
+            return opt(*a)
 
         return run if opt is not None else None
 
@@ -101,7 +105,26 @@ def test_a_program_that_fails_when_called_falls_back(monkeypatch, caplog):
         first, second = compiled(x), compiled(x)
         want = model(x)
     assert torch.allclose(first, want) and torch.allclose(second, want)
-    assert caplog.text.count("kernel exploded") == 1
+    assert caplog.text.count("kernel exploded") == 1 and "from now on" in caplog.text
+
+
+def test_a_program_that_disagrees_with_the_graph_is_not_used(monkeypatch, caplog):
+    # e.g. the original operators Ollie falls back to when its own checks fail, for a model
+    # too ill-conditioned in float32 for another float32 computation to match it
+    real = backend.optimize
+
+    def off(*args, **kwargs):
+        opt = real(*args, **kwargs)
+        return lambda *a: opt(*a) * 1.01
+
+    monkeypatch.setattr(backend, "optimize", off)
+    model = _mlp().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        got = torch.compile(model, backend="ollie")(x)
+        want = model(x)
+    assert torch.equal(got, want)
+    assert "disagrees with the graph" in caplog.text and "unchanged" in caplog.text
 
 
 class _Branchy(nn.Module):

@@ -9,7 +9,11 @@ warning naming the cause:
 * a graph that needs gradients (grad mode on and an input or parameter that requires grad:
   training): Ollie's programs are inference programs, which autograd cannot differentiate;
 * graph inputs that are neither tensors nor numbers, or tensors on more than one device;
-* any error while optimising (an unsupported operator, a corrupt cache, a bug in Ollie);
+* any error while optimising (an unsupported operator, a corrupt cache, a bug in Ollie), or
+  a program that, called on the graph's example inputs, disagrees with the graph module
+  beyond ``check_rtol`` (e.g. the original operators Ollie falls back to when its checks
+  fail, for a model too ill-conditioned in float32 for any other float32 computation to
+  match it);
 * an error of the optimised program when it is called (the graph module then serves this and
   every later call).
 
@@ -40,6 +44,7 @@ from dataclasses import replace
 import torch
 
 from ollie.errors import UnsupportedError
+from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.model import OptimizeConfig, optimize
 
 log = logging.getLogger(__name__)
@@ -179,8 +184,15 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
         slots = [i for i, o in enumerate(refs) if isinstance(o, torch.Tensor)]
         bound = len(tensors) < len(inputs) or len(slots) < len(refs)
         model = _Bound(gm, inputs, slots) if bound else gm
-        opt = optimize(model, tensors, device=device,
-                       config=replace(BACKEND_CONFIG, device=device))
+        cfg = replace(BACKEND_CONFIG, device=device)
+        opt = optimize(model, tensors, device=device, config=cfg)
+        with torch.no_grad():
+            outs = _flat(opt(*tensors))
+        err = max((rel_err(o, r) for o, i in zip(outs, slots, strict=True)
+                   if isinstance(r := refs[i], torch.Tensor)), default=0.0)
+        if not err <= cfg.check_rtol:  # NaN included
+            raise UnsupportedError(f"the program Ollie returned disagrees with the graph on "
+                                   f"the example inputs (relative error {err:.2e})")
     except Exception as exc:  # never fail the user's compilation because of Ollie
         log.warning("ollie backend: running the graph unchanged: %s", _cause(exc))
         log.debug("ollie backend failure", exc_info=True)
