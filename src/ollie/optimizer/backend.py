@@ -44,6 +44,7 @@ from dataclasses import replace
 import torch
 
 from ollie.errors import UnsupportedError
+from ollie.exec.precision import full_fp32
 from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.model import OptimizeConfig, optimize
 
@@ -178,7 +179,7 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
         if not tensors:
             raise UnsupportedError("a graph whose tensor inputs are all parameters, buffers "
                                    "or integer / boolean tensors")
-        with torch.no_grad():
+        with torch.no_grad(), full_fp32():  # no TF32: the reference of the check below
             ref = gm(*inputs)
         refs = _flat(ref)
         slots = [i for i, o in enumerate(refs) if isinstance(o, torch.Tensor)]
