@@ -67,17 +67,22 @@ def test_inference_under_no_grad_is_optimised():
     assert calls and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _compiled_mlp(monkeypatch, caplog, optimize) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MLP through the backend with ``optimize`` in place of Ollie's: (its output, eager's);
+    Ollie's warnings in ``caplog``."""
+    monkeypatch.setattr(backend, "optimize", optimize)
+    model = _mlp().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        return torch.compile(model, backend="ollie")(x), model(x)
+
+
 @pytest.mark.parametrize("error", [KeyError("x"), ValueError("bad"), AssertionError()])
 def test_an_internal_error_while_optimising_falls_back(monkeypatch, caplog, error):
     def broken(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(backend, "optimize", broken)
-    model = _mlp().eval()
-    x = torch.randn(4, 6)
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
-        got = torch.compile(model, backend="ollie")(x)
-        want = model(x)
+    got, want = _compiled_mlp(monkeypatch, caplog, broken)
     assert torch.allclose(got, want)
     assert type(error).__name__ in caplog.text and "unchanged" in caplog.text
 
@@ -117,12 +122,7 @@ def test_a_program_that_disagrees_with_the_graph_is_not_used(monkeypatch, caplog
         opt = real(*args, **kwargs)
         return lambda *a: opt(*a) * 1.01
 
-    monkeypatch.setattr(backend, "optimize", off)
-    model = _mlp().eval()
-    x = torch.randn(4, 6)
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
-        got = torch.compile(model, backend="ollie")(x)
-        want = model(x)
+    got, want = _compiled_mlp(monkeypatch, caplog, off)
     assert torch.equal(got, want)
     assert "disagrees with the graph" in caplog.text and "unchanged" in caplog.text
 
