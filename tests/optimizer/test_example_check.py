@@ -119,3 +119,27 @@ def test_example_error_compares_non_finite_values() -> None:
     for bad in ([1.0, math.inf, math.nan, 4.0], [1.0, -math.inf, 0.0, 4.0],
                 [math.nan, -math.inf, math.nan, 4.0]):
         assert example_error({"y": torch.tensor(bad)}, want)[0] == math.inf
+
+
+def test_no_program_when_not_even_the_original_operators_match(monkeypatch) -> None:
+    """When every program Ollie builds is wrong on the model's output (here: every compiled
+    kernel producing it doubles its value, the original operators' too), ``optimize``
+    returns none: the fallback is checked like the programs before it, and the error names
+    it, instead of a program that disagrees with the model."""
+    real = executor.compile_kernel
+    broke: list[str] = []
+
+    def compile_kernel(k, *args, **kwargs):
+        fn = real(k, *args, **kwargs)
+        if tuple(k.output_shape) != (N, 8):
+            return fn
+        broke.append(k.output)
+        return lambda env, out: fn(env, out) * 2
+
+    monkeypatch.setattr(executor, "compile_kernel", compile_kernel)
+    torch.manual_seed(0)
+    model = Masked().eval()
+    with pytest.raises(ollie.OllieError, match="not even its original operators") as info:
+        ollie.optimize(model, inputs(torch.zeros(N)), **FAST)
+    assert broke, "no kernel of the output's shape: the test exercises nothing"
+    assert "original operators' program disagrees with the model" in str(info.value)

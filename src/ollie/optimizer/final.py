@@ -265,7 +265,10 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
     only), with its libraries chosen on the CPU (``originals``: the original operators as an
     alternative program, offered when some subprogram was rewritten; a choice that fails on
     the example inputs is dropped; a program that raises is not used). A fallback is logged
-    as a warning naming why. Returns the program, the library decision
+    as a warning naming why; when the original operators do not match either (a model too
+    ill-conditioned in float32 for any program to be checked against it, or a bug), no
+    program is returned: :class:`~ollie.errors.OllieError` names the errors of all three.
+    Returns the program, the library decision
     (:func:`~ollie.optimizer.libraries.choose_libraries`; :func:`~ollie.optimizer.
     libraries.alternative_of` it is :data:`ORIGINALS` when that alternative was kept) and
     which program it is: ``"optimised"``, ``"without post-processing"`` or ``"fallback"``.
@@ -273,26 +276,12 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
     libraries only as a cached decision or the quick comparison says (:func:`libraries`)."""
     ref = ref or reference(graph, cfg, notes)
     first = len(notes)
-    feeds, want, rtol = ref.feeds, ref.want, ref.rtol
+    feeds, want = ref.feeds, ref.want
     for label, candidate in (("optimised", prog), ("without post-processing", raw)):
-        try:
-            got = ref.compiled(candidate, cfg.device).run(feeds)
-            err = max(rel_err(got[o], want[o]) for o in graph.outputs)
-            if err <= rtol and torch.device(cfg.device).type == "cuda":
-                candidate, err = _pinned(candidate, err, feeds, want, graph, cfg)
-        except Exception as exc:  # a program that fails is not used, whatever the cause
-            notes.append(f"{label} program failed to run: "
-                         f"{exc if isinstance(exc, OllieError) else repr(exc)}")
+        found = _matching(candidate, ref, graph, cfg, label, notes)
+        if found is None:
             continue
-        if err > rtol:
-            notes.append(f"{label} program disagrees with the model (relative error "
-                         f"{err:.2e})")
-            continue
-        on_examples = confirm(candidate, ref, cfg, label, notes, warn=False)
-        if on_examples is None:
-            continue
-        notes.append(f"checked against the original model: max relative error {err:.2e}"
-                     + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
+        candidate = found
         alternatives = {ORIGINALS: originals} if originals is not None else {}
         chosen, decision = libraries(candidate, feeds, want, cfg, notes, cache, alternatives,
                                      timed, ref.builder(candidate, "cpu"))
@@ -301,12 +290,46 @@ def checked(graph: Graph, prog: Program, raw: Program, cfg: OptimizeConfig,
                 confirm(chosen, ref, cfg, "library choice's", notes) is None):
             return candidate, None, label
         return chosen, decision, label
+    why = "; ".join(n for n in notes[first:] if "disagrees" in n or "failed" in n)
     notes.append("falling back to the original operators")
     log.warning("the optimised program disagrees with the model; falling back to the "
-                "original operators (%s)",
-                "; ".join(n for n in notes[first:] if "disagrees" in n or "failed" in n))
-    return libraries(all_nodes(graph), feeds, want, cfg, notes, cache, timed=timed)[0], None, \
-        "fallback"
+                "original operators (%s)", why)
+    fallback = _matching(all_nodes(graph), ref, graph, cfg, "original operators'", notes)
+    if fallback is None:
+        raise OllieError(f"{graph.name}: no program Ollie can build matches the model, not "
+                         f"even its original operators ({notes[-1]}; before them: {why}); "
+                         "the model may be too ill-conditioned in float32 to check a program "
+                         "against it")
+    chosen = libraries(fallback, feeds, want, cfg, notes, cache, timed=timed)[0]
+    if chosen is not fallback and confirm(chosen, ref, cfg, "library choice's", notes) is None:
+        chosen = fallback  # its variants are checked on the random inputs as they are timed
+    return chosen, None, "fallback"
+
+
+def _matching(prog: Program, ref: Reference, graph: Graph, cfg: OptimizeConfig, label: str,
+              notes: list[str]) -> Program | None:
+    """``prog`` (on CUDA with its launch configurations fixed, :func:`_pinned`) when it runs
+    and matches the model within ``ref.rtol`` on the random inputs and on the example
+    inputs (:func:`confirm`), a note giving its errors; else None and a note naming
+    ``label``'s program and why."""
+    try:
+        got = ref.compiled(prog, cfg.device).run(ref.feeds)
+        err = max(rel_err(got[o], ref.want[o]) for o in graph.outputs)
+        if err <= ref.rtol and torch.device(cfg.device).type == "cuda":
+            prog, err = _pinned(prog, err, ref.feeds, ref.want, graph, cfg)
+    except Exception as exc:  # a program that fails is not used, whatever the cause
+        notes.append(f"{label} program failed to run: "
+                     f"{exc if isinstance(exc, OllieError) else repr(exc)}")
+        return None
+    if err > ref.rtol:
+        notes.append(f"{label} program disagrees with the model (relative error {err:.2e})")
+        return None
+    on_examples = confirm(prog, ref, cfg, label, notes, warn=False)
+    if on_examples is None:
+        return None
+    notes.append(f"checked against the original model: max relative error {err:.2e}"
+                 + (f", {on_examples:.2e} on the example inputs" if ref.examples else ""))
+    return prog
 
 
 def _pinned(prog: Program, err: float, feeds: Mapping[str, torch.Tensor],
