@@ -153,8 +153,10 @@ def run_program(args: argparse.Namespace) -> int:
     out = opt(*feeds)
     first = time.perf_counter() - t0
     secs = measure(lambda: opt(*feeds), args.device, repeats=args.repeats)
-    outs = out if isinstance(out, tuple) else (out,)
-    shapes = ", ".join(str(list(o.shape)) for o in outs)
+    from torch.utils._pytree import tree_leaves  # the model's containers (a dict, ...)
+
+    shapes = ", ".join(str(list(o.shape)) for o in tree_leaves(out)
+                       if isinstance(o, torch.Tensor))
     print(f"{args.program}: {len(opt.program.kernels)} kernels, output {shapes}; first run "
           f"{first * 1e3:.2f} ms, median {secs * 1e3:.3f} ms over {args.repeats} runs")
     return 0

@@ -34,6 +34,10 @@ from ollie.graph.opaque import TensorRef, dtype_name, torch_opaque_attrs
 
 log = logging.getLogger(__name__)
 
+CONSTANT_OUTPUTS = (type(None), bool, int, float, str)
+"""Values a module may return beside its tensors (the imported graph's outputs are the
+tensors; :mod:`ollie.optimizer.structure` returns these with them)."""
+
 
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, torch.Tensor):
@@ -214,7 +218,12 @@ class TorchImporter:
             raise UnsupportedError("exported graph has no output")
         outs = out_node.args[0]
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        for k, o in enumerate(outs):
+        # None, numbers and text beside the tensors are constants the caller puts back
+        # (ollie.optimizer.structure); the graph's outputs are the tensors
+        tensors = [(k, o) for k, o in enumerate(outs) if not isinstance(o, CONSTANT_OUTPUTS)]
+        if not tensors:
+            raise UnsupportedError("the module returns no tensor")
+        for k, o in tensors:
             if not isinstance(o, fx.Node) or not isinstance(self.values.get(o.name), str):
                 raise UnsupportedError(f"output {k} of the module is not a tensor")
             self.b.add_output(self.values[o.name], f"output_{k}" if len(outs) > 1 else "output")

@@ -39,6 +39,7 @@ from ollie.optimizer.libraries import (
     rel_err,
 )
 from ollie.optimizer.quick import quick_regions
+from ollie.optimizer.structure import OutputStructure
 from ollie.program.kernel import Kernel
 from ollie.program.params import KernelKind, NodeParams
 from ollie.program.program import Program, program_digest
@@ -90,6 +91,9 @@ class Reference:
     built: dict[int, CompiledProgram] = field(default_factory=dict, repr=False)
     """The programs compiled for the check (:meth:`compiled`), by the identity of the program
     object; each keeps its program alive, so an identity is never reused while it is here."""
+    structure: OutputStructure | None = None
+    """What the model returns around its outputs, where the reference ran the model itself
+    (:func:`module_reference`)."""
 
     def compiled(self, prog: Program, device: str) -> CompiledProgram:
         """``prog`` ready to run on ``device``: the one compiled for it earlier in this check
@@ -176,16 +180,19 @@ def module_reference(module: torch.nn.Module, graph: Graph, cfg: OptimizeConfig,
         return None
     feeds = random_feeds(graph, cfg)
 
+    structures: list[OutputStructure] = []
+
     def run(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         try:
             with torch.no_grad(), full_fp32():
-                out = [t for t in tree_leaves(module(*inputs.values()))
-                       if isinstance(t, torch.Tensor)]
+                raw = module(*inputs.values())
         except Exception as exc:  # the graph's inputs are not the module's arguments
             log.info("the program is checked through the graph (%s: %s)", type(exc).__name__, exc)
             return None
+        out = [t for t in tree_leaves(raw) if isinstance(t, torch.Tensor)]
         if [tuple(t.shape) for t in out] != [tuple(graph.shape(o)) for o in graph.outputs]:
             return None
+        structures.append(OutputStructure.of(raw, len(graph.outputs)))
         return {o: t.detach().float() for o, t in zip(graph.outputs, out, strict=True)}
 
     want = run(feeds)
@@ -193,7 +200,8 @@ def module_reference(module: torch.nn.Module, graph: Graph, cfg: OptimizeConfig,
     ex_want = run(ex) if ex else {}
     if want is None or ex_want is None:
         return None
-    return Reference(feeds, want, cfg.check_rtol + import_rtol, ex, ex_want)
+    return Reference(feeds, want, cfg.check_rtol + import_rtol, ex, ex_want,
+                     structure=structures[0])
 
 
 def example_error(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]

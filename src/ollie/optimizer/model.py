@@ -62,6 +62,7 @@ from ollie.optimizer.report import (
     switched_on,
 )
 from ollie.optimizer.select import select
+from ollie.optimizer.structure import with_structure
 from ollie.passes.postprocess import describe as describe_postprocess
 from ollie.passes.postprocess import postprocess
 from ollie.program.kernel import Kernel
@@ -187,8 +188,7 @@ class _Optimizer(MultiNode):
         # an element-wise product also matches a Matmul without a summation (k = 1): as an
         # eOperator it fuses with its neighbours and streams at copy bandwidth instead
         # (docs/design/013-eoperator-kernels.md)
-        best = next((o for o in opts if all(k.kind is KernelKind.EOP for k in o.kernels)),
-                    opts[0])
+        best = next((o for o in opts if all(k.kind is KernelKind.EOP for k in o.kernels)), opts[0])
         self.constants.update({n: np.asarray(v, np.float32) for n, v in low.consts.items()})
         return rename_kernels(list(best.kernels), {}, best.output, node.outputs[0],
                               prefix=node.name)
@@ -425,15 +425,15 @@ def _optimize(model: object, example_inputs: Sequence[torch.Tensor] | None,
     # choices measured are kept in the cache for the next process (tune.cache.choice_store)
     with using(new_choices=budget.may_choose,
                choice_store=choice_store(cfg.use_cache, cfg.device)):
-        hit = None if module is None else \
-            recalled_module(module, mkey, example_inputs, cfg, t0)
+        hit = None if module is None else recalled_module(module, mkey, example_inputs, cfg, t0)
         if hit is not None:  # found by the module's own key: not imported again
             return hit
         with budget.phase("import"):  # checked against a module unless its program is recalled
             graph = to_graph(model, example_inputs, check=False)
-        return remembered(graph, cfg, example_inputs, lambda: _optimize_graph(
-            checked_import(graph, model, example_inputs), cfg, progress, example_inputs,
-            budget, t0), t0, module, mkey)
+        return with_structure(module, example_inputs, remembered(
+            graph, cfg, example_inputs, lambda: _optimize_graph(checked_import(
+                graph, model, example_inputs), cfg, progress, example_inputs, budget, t0),
+            t0, module, mkey))
 
 
 def _optimize_graph(graph: Graph, cfg: OptimizeConfig,

@@ -50,7 +50,7 @@ from ollie.graph.ir import Graph
 from ollie.optimizer.config import OptimizeConfig
 from ollie.optimizer.final import Reference, agrees, confirm, module_reference, reference
 from ollie.optimizer.module_key import feed, module_key, settings_digest
-from ollie.optimizer.report import OptimizedModel, SubprogramReport, read_saved
+from ollie.optimizer.report import OptimizedModel, SubprogramReport, read_saved, saved_structure
 from ollie.program.params import KernelKind
 from ollie.program.program import Program
 from ollie.settings import current, using
@@ -257,7 +257,8 @@ def _checked(key: str, found: tuple[Program, list[SubprogramReport], list[str]],
                  f"the cache, {key[:12]}; the notes above are that run's), checked again on "
                  f"random and example inputs in {time.perf_counter() - t0:.1f} s{how}")
     return OptimizedModel(prog, report, notes, tuple(graph.input_names), cfg.device,
-                          compiled=ref.compiled(prog, cfg.device))
+                          compiled=ref.compiled(prog, cfg.device), structure=ref.structure or
+                          saved_structure(_folder() / key, len(prog.outputs)))
 
 
 def _folder() -> Path:

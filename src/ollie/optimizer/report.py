@@ -10,12 +10,14 @@ import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ollie.errors import OllieError
 from ollie.exec.executor import CompiledProgram
 from ollie.optimizer.final import ORIGINAL
+from ollie.optimizer.structure import OutputStructure
 from ollie.policy import Implementations
 from ollie.program.kernel import Kernel
 from ollie.program.params import EOpParams
@@ -69,7 +71,10 @@ class OptimizedModel:
     ``implementations``: what the program may run on (:mod:`ollie.policy`; None: the
     settings' in effect when it is made, then set to those); saved with it. ``compiled``:
     ``program`` already compiled for ``device`` (the one the end-to-end check ran), used
-    instead of compiling it again when it is that program with those implementations."""
+    instead of compiling it again when it is that program with those implementations.
+    ``structure``: what the model returns around the program's outputs (a dict, a 1-tuple;
+    :class:`~ollie.optimizer.structure.OutputStructure`), None where not known (the outputs
+    as they are: a tensor, or a tuple for several); saved with it where it can be."""
 
     program: Program
     report: list[SubprogramReport] = field(default_factory=list)
@@ -78,6 +83,7 @@ class OptimizedModel:
     device: str = "cpu"
     implementations: Implementations | None = None
     compiled: InitVar[CompiledProgram | None] = None
+    structure: OutputStructure | None = None
 
     def __post_init__(self, compiled: CompiledProgram | None) -> None:
         fits = compiled is not None and compiled.program is self.program and \
@@ -87,21 +93,26 @@ class OptimizedModel:
             CompiledProgram(self.program, self.device, impls=self.implementations)
         self.implementations = self._compiled.impls
 
-    def __call__(self, *inputs: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def __call__(self, *inputs: object) -> Any:
         """The program's output(s) for ``inputs``, one per model input: tensors (or numpy
         arrays) of the example inputs' shapes on :attr:`device`, float32 or converted to it;
         anything else raises :class:`~ollie.errors.ShapeError` naming the input
-        (:meth:`ollie.exec.executor.CompiledProgram.__call__`)."""
-        return self._compiled(*inputs)
+        (:meth:`ollie.exec.executor.CompiledProgram.__call__`). The outputs come in the
+        containers the model returns them in (:attr:`structure`), else as a tensor, or a
+        tuple of tensors for several."""
+        out = self._compiled(*inputs)
+        return out if self.structure is None else self.structure.rebuild(out)
 
     def save(self, path: str | Path) -> None:
         """Write the program (:meth:`ollie.program.program.Program.save`) and its report into
         the folder ``path``; :func:`load` reads them back."""
         self.program.save(path)
         impls = self._compiled.impls
+        outputs = self.structure.to_json() if self.structure is not None else None
         (Path(path) / "report.json").write_text(json.dumps(
             {"report": [r.to_json() for r in self.report], "notes": self.notes,
-             **({"implementations": sorted(impls.allowed)} if impls.key else {})}, indent=1))
+             **({"implementations": sorted(impls.allowed)} if impls.key else {}),
+             **({"outputs": outputs} if outputs is not None else {})}, indent=1))
 
     def summary(self) -> str:
         lines = [f"{'subprogram':24} {'original':>10} {'optimized':>10} {'speedup':>8}  program"]
@@ -148,7 +159,8 @@ def load(path: str | Path, device: str = "cpu") -> OptimizedModel:
         notes = [*notes, note]
     try:
         return OptimizedModel(prog, report, notes, tuple(n for n, _ in prog.inputs), device,
-                              _saved_implementations(Path(path) / "report.json"))
+                              _saved_implementations(Path(path) / "report.json"),
+                              structure=saved_structure(path, len(prog.outputs)))
     except OllieError:
         raise
     except Exception as exc:  # a well-formed program whose kernels cannot be built here
@@ -200,6 +212,21 @@ def _saved_implementations(path: Path) -> Implementations | None:
     except (OSError, ValueError, RecursionError) as exc:
         log.warning("%s: implementation policy not read (%s); the settings' applies", path,
                     str(exc)[:200])
+        return None
+
+
+def saved_structure(path: str | Path, outputs: int) -> OutputStructure | None:
+    """The output structure saved in folder ``path``'s ``report.json`` for a program of
+    ``outputs`` outputs (:meth:`~ollie.optimizer.structure.OutputStructure.from_json`), or
+    None: none saved, or not readable here (a warning; the outputs then come as they are)."""
+    try:
+        file = Path(path) / "report.json"
+        doc = json.loads(file.read_bytes()) if file.exists() else {}
+        found = doc.get("outputs") if isinstance(doc, dict) else None
+        return None if found is None else OutputStructure.from_json(found, outputs)
+    except (OSError, ValueError, RecursionError, OllieError) as exc:
+        log.warning("%s: the model's output containers not read (%s); the program returns "
+                    "its outputs as tensors", path, str(exc)[:200])
         return None
 
 
@@ -288,4 +315,4 @@ def switched_on(report: list[SubprogramReport], alternatives: Mapping[str, Alter
 
 
 __all__ = ["Alternative", "OptimizedModel", "SubprogramReport", "kept_originals", "load",
-           "read_saved", "switched_on", "tally", "unpinned_kernels"]
+           "read_saved", "saved_structure", "switched_on", "tally", "unpinned_kernels"]
