@@ -21,9 +21,14 @@ Parameters and buffers: dynamo passes a module's parameters and buffers to the b
 graph inputs (marked static); Ollie optimises the graph with them as constants (folded,
 pre-packed, integer buffers such as BERT's position ids included), and the program takes the
 other inputs. A call whose parameters or buffers are other tensors, or were written since
-(``load_state_dict``, an optimiser step), runs the graph module. An integer or boolean tensor
-input (ids, a mask computed by an earlier graph), which a float32 program cannot take, is a
-constant too: a call with other values in it runs the graph module.
+(``load_state_dict``, an optimiser step), runs the graph module. Integer and boolean tensor
+inputs (token ids, attention masks), which a float32 program cannot take: the nodes that turn
+them into floating-point tensors (embedding lookups, mask casts) are cut off and run in
+PyTorch, and the rest of the graph is optimised on their floating-point results
+(:mod:`ollie.optimizer.int_inputs`), so the program serves any ids. Where nothing can be cut
+off so (the integers meet the floats in one operator: ``masked_fill`` of the scores with a
+mask passed in), the integers are constants of the program: a call with other values in
+them runs the graph module.
 
 Dynamic shapes: when a model is called with a second batch size, dynamo recompiles the graph
 with symbolic sizes (its "automatic dynamic" shapes), and the graph's inputs then include the
@@ -45,6 +50,7 @@ import torch
 
 from ollie.errors import UnsupportedError
 from ollie.exec.precision import full_fp32
+from ollie.optimizer.int_inputs import split_at_floats
 from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.model import OptimizeConfig, optimize
 
@@ -166,12 +172,17 @@ def _flat(out: object) -> tuple[object, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
-    """Optimise ``gm`` for these concrete inputs; the graph module on refusal or failure."""
+def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object], cut: bool = True
+              ) -> Callable:
+    """Optimise ``gm`` for these concrete inputs; the graph module on refusal or failure.
+    ``cut``: a graph with varying integer inputs is first split (:func:`_cut_integers`)."""
     why = _refusal(gm, inputs)
     if why is not None:
         log.warning("ollie backend: running the graph unchanged: %s", why)
         return gm.forward
+    split = _cut_integers(gm, inputs) if cut else None
+    if split is not None:
+        return split
     tensors = [x for x in inputs if isinstance(x, torch.Tensor) and not _fixed(x)]
     device = next(x for x in inputs if isinstance(x, torch.Tensor)).device.type
     stamp = _stamp(inputs)
@@ -224,6 +235,22 @@ def _concrete(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable:
         return type(ref)(next(got) if i in slots else refs[i] for i in range(len(refs)))
 
     return run
+
+
+def _cut_integers(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable | None:
+    """``gm`` with the part that turns its varying integer inputs into floating-point
+    tensors cut off (:func:`~ollie.optimizer.int_inputs.split_at_floats`: it runs in PyTorch)
+    and the rest optimised for the floating-point tensors it reads (:func:`_concrete`); None
+    where there is no such part or the split fails (the integers are then constants)."""
+    try:
+        split = split_at_floats(gm, inputs)
+        if split is None:
+            return None
+        args = split.rest_inputs(inputs)
+    except Exception as exc:  # optional: the integers stay constants of the program
+        log.info("ollie backend: integer inputs not cut off: %s", _cause(exc))
+        return None
+    return split.joined(_concrete(split.rest, args, cut=False))
 
 
 def _call_key(args: Sequence[object]) -> tuple:
