@@ -100,3 +100,20 @@ def test_a_chain_reading_a_scalar_constant_is_decided(ollie_settings):
     scaled = [n for n in opt.notes if n.startswith("chain ") and ", mul," in n]
     assert len(scaled) == 1 and "Error" not in scaled[0], opt.notes
     _close(opt, m, x)
+
+
+def test_a_chain_with_nothing_verified_says_so(ollie_settings, monkeypatch):
+    """No fused program verified: the baseline is not timed, and the note says that instead
+    of giving its time as NaN."""
+    from ollie.search.derive import DeriveResult
+
+    ollie_settings(search_clock=stopped_clock, measure_clock=stopped_clock)
+    monkeypatch.setattr(chains, "derive", lambda expr, **kwargs: DeriveResult([], {
+        "candidates": 0, "states_visited": 0, "states_pruned": 0, "seconds": 0.0,
+        "max_depth": 0}))
+    m, x = _model()
+    opt = ollie.optimize(m, x, **FAST)
+    notes = [n for n in opt.notes if n.startswith("chain ")]
+    assert len(notes) == 2 and all("no fused program verified" in n for n in notes), notes
+    assert not any("nan" in n for n in notes)
+    _close(opt, m, x)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -193,11 +194,14 @@ def fuse_chain(graph: Graph, chain: Chain, individual: Sequence[Kernel],
     report = SubprogramReport(sink.name, sink.op, ops, out.label, list(out.derivation),
                               out.original_s * 1e3, out.optimized_s * 1e3, reused,
                               out.candidates, nodes=[n.name for n in chain.nodes])
+    timed = math.isfinite(out.original_s)  # nothing verified: nothing was timed
     kept = ("fused into " + out.label if out.kernels is not None else
             "not fused (measured on a busy machine, not confirmed; not cached)"
-            if out.unconfirmed else "not fused (its nodes are faster alone or nothing verified)")
-    note = (f"chain {', '.join(n.name for n in chain.nodes)}: {kept} "
-            f"({out.original_s * 1e3:.3g} ms alone -> {out.optimized_s * 1e3:.3g} ms)")
+            if out.unconfirmed else "not fused (its nodes are faster alone)" if timed else
+            "not fused (no fused program verified; nothing timed)")
+    note = f"chain {', '.join(n.name for n in chain.nodes)}: {kept}" + (
+        f" ({out.original_s * 1e3:.3g} ms alone -> {out.optimized_s * 1e3:.3g} ms)"
+        if timed else "")
     return FusedChain(key, out, kernels, report, note)
 
 
