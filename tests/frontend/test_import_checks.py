@@ -74,6 +74,7 @@ def test_float32_problem_names_the_tensor_and_the_fix() -> None:
     assert "parameter 'weight' is torch.float16" in msg and "model.float()" in msg
     msg = torch_check.float32_problem(nn.Embedding(4, 2), (torch.zeros(2, dtype=torch.long),))
     assert "torch.int64" in msg and "float32 tensors only" in msg
+    assert "backend='ollie'" in msg  # where token ids can go instead
 
 
 def batch_model(elem: int = TensorProto.FLOAT, batch: int | str = "batch"):

@@ -29,7 +29,9 @@ def float32_problem(module: torch.nn.Module, example_inputs: Sequence[Any]) -> s
         if isinstance(x, torch.Tensor) and x.dtype != torch.float32:
             if not x.is_floating_point():
                 return (f"{what}; example input {k} is a {x.dtype} tensor, and the inputs of "
-                        "an optimized program are float32 tensors only")
+                        "an optimized program are float32 tensors only (token ids: "
+                        "torch.compile(model, backend='ollie') runs their embedding lookups in "
+                        "PyTorch and optimises the rest, or pass the embeddings)")
             return (f"{what}; example input {k} is {x.dtype}: pass float32 inputs "
                     "(x.float()) and call model.float()")
     for kind, named in (("parameter", module.named_parameters()),

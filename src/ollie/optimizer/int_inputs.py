@@ -13,7 +13,7 @@ constants it reads itself; the rest keeps its own. The part's nodes the rest rea
 rest's new inputs, after the graph's inputs the rest still reads. Where there is no such
 input, nothing to cut off, or the rest would read a part node that is not a tensor: None,
 and the backend keeps the integers as constants of the program (a call with other values
-runs the graph).
+runs the graph). Why, and the figures: docs/design/042-integer-inputs-in-the-backend.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ serialisation of the containers, which names types, and the leaves) and read bac
 :meth:`OutputStructure.from_json`, which only maps those names to the container types
 registered in this process: nothing is imported or executed. A container torch cannot
 serialise (a namedtuple nobody registered) is kept in the process that made the program and
-not saved: a loaded program then returns its outputs as a tensor or a tuple of tensors."""
+not saved: a loaded program then returns its outputs as a tensor or a tuple of tensors.
+Why: docs/design/042-integer-inputs-in-the-backend.md (decision 2)."""
 
 from __future__ import annotations
 
