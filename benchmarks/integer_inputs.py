@@ -4,7 +4,7 @@ ids at every call against eager and torch.compile's default backend, side by sid
 
     python benchmarks/integer_inputs.py [NAME ...] [--layers L --hidden H --seq S --rounds R]
 
-``NAME``: ``bert``, ``roberta``, ``distilbert``, ``gpt2`` (default: all), built from a config
+``NAME``: one of :data:`NAMES` (default: all), built from a config
 with random weights (seeded; ``--layers`` 2, ``--hidden`` 256 with 4 heads of 64, ``--seq`` 64,
 batch 1), ``attn_implementation="eager"``. For each: the first compiled call's seconds (Ollie
 optimises then; set ``OLLIE_CACHE_DIR`` to an empty directory for a cold figure), the largest
@@ -30,7 +30,7 @@ from ollie.tune.measure import measure_alternating
 from ollie.zoo.external import import_torchvision
 from ollie.zoo.init import seeded
 
-NAMES = ("bert", "roberta", "distilbert", "gpt2")
+NAMES = ("bert", "roberta", "distilbert", "gpt2", "albert", "electra", "deberta", "t5enc")
 
 
 def build(name: str, layers: int, hidden: int) -> torch.nn.Module:
@@ -49,6 +49,12 @@ def build(name: str, layers: int, hidden: int) -> torch.nn.Module:
             attn_implementation="eager")),
         "gpt2": lambda: tf.GPT2Model(tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads,
                                                    attn_implementation="eager")),
+        "albert": lambda: tf.AlbertModel(tf.AlbertConfig(embedding_size=hidden, **common),
+                                         add_pooling_layer=False),
+        "electra": lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=hidden, **common)),
+        "deberta": lambda: tf.DebertaV2Model(tf.DebertaV2Config(**common)),
+        "t5enc": lambda: tf.T5EncoderModel(tf.T5Config(
+            d_model=hidden, d_ff=4 * hidden, num_layers=layers, num_heads=heads, d_kv=64)),
     }
     with seeded(0):
         return makers[name]().eval()
@@ -115,7 +121,10 @@ def main(argv: list[str]) -> int:
           "inductor ms | ollie ms | vs eager | vs inductor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.names:
-        print(row(name, args, log), flush=True)
+        try:
+            print(row(name, args, log), flush=True)
+        except Exception as exc:  # reported; the next model still runs
+            print(f"| {name} | FAILED {type(exc).__name__}: {str(exc)[:200]} |", flush=True)
     for msg in log:
         print("warning:", msg[:300])
     return 0

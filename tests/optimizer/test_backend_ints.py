@@ -116,3 +116,36 @@ def test_integers_meeting_floats_in_one_operator_are_not_cut():
 
     (gm, inputs), = _traced(Where(), (torch.randn(4), torch.rand(4) > 0.5))
     assert part_nodes(gm, inputs) == set() and split_at_floats(gm, inputs) is None
+
+
+class _BoolMasked(nn.Module):
+    """DeBERTa's pattern: the integer mask made a boolean that meets the scores in one
+    ``masked_fill``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.q = nn.Embedding(50, 8), nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids)
+        keep = mask.bool()[:, None, :]
+        scores = (self.q(h) @ h.transpose(1, 2)).masked_fill(~keep, -1e4)
+        return torch.softmax(scores, -1) @ h
+
+
+def test_a_boolean_mask_crosses_as_floats(monkeypatch, caplog):
+    (gm, inputs), = _traced(_BoolMasked().eval(), _inputs(0))
+    split = split_at_floats(gm, inputs)
+    assert split is not None
+    rest = split.rest_inputs(inputs)
+    assert varying_integers(rest) == []  # the mask reaches the rest as 0.0 / 1.0
+    torch.testing.assert_close(split.joined(split.rest)(*inputs), gm(*inputs))
+    model = _BoolMasked().eval()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        compiled = torch.compile(model, backend="ollie")
+        for seed in range(3):
+            ids, mask = _inputs(seed)
+            torch.testing.assert_close(compiled(ids, mask), model(ids, mask), rtol=1e-4,
+                                       atol=1e-5)
+    assert "unchanged" not in caplog.text and "other values" not in caplog.text

@@ -10,7 +10,9 @@ or a node of the part, and it reads an integer input or a non-floating node of t
 the part ends at the first floating-point tensors computed from the integers (an embedding's
 output, not the sum of embeddings and the layer norm after it). The part computes the
 constants it reads itself; the rest keeps its own. The part's nodes the rest reads are the
-rest's new inputs, after the graph's inputs the rest still reads. Where there is no such
+rest's new inputs, after the graph's inputs the rest still reads; a boolean one (DeBERTa's
+mask, read by the ``masked_fill`` of the scores) crosses as a float tensor of 0 and 1 and is
+cast back in the rest. Where there is no such
 input, nothing to cut off, or the rest would read a part node that is not a tensor: None,
 and the backend keeps the integers as constants of the program (a call with other values
 runs the graph). Why, and the figures: docs/design/042-integer-inputs-in-the-backend.md.
@@ -124,7 +126,11 @@ def split_at_floats(gm: fx.GraphModule, inputs: Sequence[object]) -> Split | Non
     for node in gm.graph.nodes:
         if node.op == "placeholder" or node in needed:
             env[node] = first.node_copy(node, env.__getitem__)
-    first.output(tuple(env[n] for n in outputs))
+    # a boolean the rest reads (a mask meeting the scores in one masked_fill) crosses as 0.0
+    # / 1.0, cast back in the rest: a floating-point input of the program, exactly
+    boolean = {n for n in outputs if getattr(_value(n), "dtype", None) == torch.bool}
+    first.output(tuple(first.call_method("float", (env[n],)) if n in boolean else env[n]
+                       for n in outputs))
     second = fx.Graph()
     env = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -132,7 +138,8 @@ def split_at_floats(gm: fx.GraphModule, inputs: Sequence[object]) -> Split | Non
         env[node] = second.node_copy(node, env.__getitem__)
     for k, node in enumerate(outputs):
         env[node] = second.placeholder(f"ollie_cut_{k}")
-        env[node].meta = dict(node.meta)
+    for node in boolean:
+        env[node] = second.call_method("bool", (env[node],))
     for node in gm.graph.nodes:
         if node.op != "placeholder" and node not in part:
             env[node] = second.node_copy(node, env.__getitem__)
