@@ -131,6 +131,7 @@ def test_plain_outputs_keep_no_structure():
     assert OutputStructure.of(t, 1).spec is None
     assert OutputStructure.of((t, t), 2).spec is None
     assert OutputStructure.of((t,), 1).spec is not None
+    assert OutputStructure.of((t, (t,)), 2).spec is not None  # nested: not the flat tuple
     assert OutputStructure.of({"a": t, "f": lambda: 0}, 1).spec is None  # not a constant
     assert OutputStructure.of([t, t], 1).spec is None  # not the program's outputs
 

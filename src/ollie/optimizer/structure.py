@@ -62,7 +62,8 @@ class OutputStructure:
                                               for x in flat):
             return cls(None)
         plain = isinstance(value, torch.Tensor) or (
-            type(value) is tuple and len(value) > 1 and len(tensors) == len(value))
+            type(value) is tuple and len(value) > 1 and
+            all(isinstance(x, torch.Tensor) for x in value))
         if plain:
             return cls(None)
         leaves: list[Leaf] = []
