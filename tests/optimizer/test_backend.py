@@ -17,16 +17,7 @@ from ollie.optimizer import model as optimizer_model
 from ollie.optimizer.config import OptimizeConfig
 
 SHIPPED = backend.BACKEND_CONFIG
-FAST = {"time_budget": 0.5, "max_depth": 1, "context": False, "settle": 0.0,
-        "choose_libraries": False, "max_candidates": 2, "use_cache": False}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo(monkeypatch):
-    torch._dynamo.reset()
-    monkeypatch.setattr(backend, "BACKEND_CONFIG", replace(backend.BACKEND_CONFIG, **FAST))
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fast_backend")
 
 
 def _mlp() -> nn.Module:
@@ -259,7 +250,7 @@ def test_compile_after_optimize_reuses_its_decisions(monkeypatch, ollie_settings
     # model searched every subprogram again)
     assert OptimizeConfig() == SHIPPED
     ollie_settings(cache_dir=tmp_path)
-    cfg = replace(SHIPPED, **{**FAST, "use_cache": True})
+    cfg = replace(backend.BACKEND_CONFIG, use_cache=True)  # the fast settings, cached
     monkeypatch.setattr(backend, "BACKEND_CONFIG", cfg)
     searched = []
     real = optimizer_model.derive

@@ -6,7 +6,6 @@ calls with any ids, not only the ids it was optimised with."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import pytest
 import torch
@@ -16,16 +15,7 @@ import ollie  # noqa: F401 - registers the backend
 from ollie.optimizer import backend
 from ollie.optimizer.int_inputs import part_nodes, split_at_floats, varying_integers
 
-FAST = {"time_budget": 0.5, "max_depth": 1, "context": False, "settle": 0.0,
-        "choose_libraries": False, "max_candidates": 2, "use_cache": False}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo(monkeypatch):
-    torch._dynamo.reset()
-    monkeypatch.setattr(backend, "BACKEND_CONFIG", replace(backend.BACKEND_CONFIG, **FAST))
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fast_backend")
 
 
 class _Encoder(nn.Module):
@@ -54,6 +44,18 @@ def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, 50, (2, 12), generator=gen), mask
 
 
+def _served_for_three_ids(model: nn.Module, caplog) -> None:
+    """``model`` compiled with the backend matches eager for three sets of ids and masks,
+    each served by the program: no call ran the graph unchanged."""
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
+        compiled = torch.compile(model, backend="ollie")
+        for seed in range(3):
+            ids, mask = _inputs(seed)
+            torch.testing.assert_close(compiled(ids, mask), model(ids, mask), rtol=1e-4,
+                                       atol=1e-5)
+    assert "unchanged" not in caplog.text and "other values" not in caplog.text
+
+
 def test_the_program_serves_other_ids(monkeypatch, caplog):
     seen, served = [], []
     real = backend.optimize
@@ -64,14 +66,7 @@ def test_the_program_serves_other_ids(monkeypatch, caplog):
         return lambda *a: served.append(1) or opt(*a)
 
     monkeypatch.setattr(backend, "optimize", spy)
-    model = _Encoder().eval()
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
-        compiled = torch.compile(model, backend="ollie")
-        for seed in range(3):
-            ids, mask = _inputs(seed)
-            torch.testing.assert_close(compiled(ids, mask), model(ids, mask), rtol=1e-4,
-                                       atol=1e-5)
-    assert "unchanged" not in caplog.text and "other values" not in caplog.text
+    _served_for_three_ids(_Encoder().eval(), caplog)
     # one program, of the floating-point tensors the ids and the mask became
     assert len(seen) == 1 and all(dtype == torch.float32 for _, dtype in seen[0])
     assert (2, 12, 8) in [shape for shape, _ in seen[0]]
@@ -141,11 +136,4 @@ def test_a_boolean_mask_crosses_as_floats(monkeypatch, caplog):
     rest = split.rest_inputs(inputs)
     assert varying_integers(rest) == []  # the mask reaches the rest as 0.0 / 1.0
     torch.testing.assert_close(split.joined(split.rest)(*inputs), gm(*inputs))
-    model = _BoolMasked().eval()
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ollie"):
-        compiled = torch.compile(model, backend="ollie")
-        for seed in range(3):
-            ids, mask = _inputs(seed)
-            torch.testing.assert_close(compiled(ids, mask), model(ids, mask), rtol=1e-4,
-                                       atol=1e-5)
-    assert "unchanged" not in caplog.text and "other values" not in caplog.text
+    _served_for_three_ids(_BoolMasked().eval(), caplog)
