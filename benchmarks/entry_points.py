@@ -3,7 +3,10 @@
     python benchmarks/entry_points.py MODEL [MODEL ...]
 
 ``MODEL``: ``tv:NAME`` (any torchvision classifier, ``ollie.zoo.get``; ``tv:NAME@SIZE`` for
-another input size), or ``hfc:NAME``, a small transformers model built here from a config
+another input size), ``tv:segmentation.NAME`` (a segmentation model, 224x224, its dict of
+outputs compared leaf by leaf), ``tv:video.NAME`` (a video classifier, 8 frames of 112x112),
+built here as the zoo builds the classifiers (seeded, calibrated, residual ends marked), or
+``hfc:NAME``, a small transformers model built here from a config
 with random weights (2 layers of hidden 256, 4 heads, sequence 64; NAME one of
 :data:`HF_CONFIGS`) taking token embeddings. For each: ``ollie.optimize`` with the default
 settings, then ``torch.compile(model, backend="ollie")`` in the same process and cache
@@ -69,30 +72,58 @@ def _hf(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return module, (torch.randn(1, 64, 256, generator=torch.Generator().manual_seed(1)),)
 
 
+def _tv_family(family: str, name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from ollie.zoo.external import import_torchvision, mark_residual_ends, redraw_zero_layers
+    from ollie.zoo.init import calibrate
+
+    tv = import_torchvision()
+    factory = getattr(getattr(tv.models, family), name)
+    shape = (1, 3, 8, 112, 112) if family == "video" else (1, 3, 224, 224)
+    with seeded(0), torch.no_grad():
+        module = factory(weights=None, **({"weights_backbone": None}
+                                          if family == "segmentation" else {})).eval()
+        redraw_zero_layers(module)
+        mark_residual_ends(module, tv)
+        calibrate(module, lambda: (torch.randn(4, *shape[1:]),))
+    return module.eval(), (torch.randn(shape, generator=torch.Generator().manual_seed(1)),)
+
+
 def build(spec: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     kind, _, name = spec.partition(":")
     if kind == "hfc":
         return _hf(name)
+    family, dot, member = name.partition(".")
+    if kind == "tv" and dot and family in ("segmentation", "video"):
+        return _tv_family(family, member)
     name, _, size = spec.partition("@")
     return ollie.zoo.get(name, **({"size": int(size)} if size else {}))
 
 
-def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+def _rel(y: object, ref: object) -> float:
+    """The largest relative error over the tensors of ``y`` against ``ref``'s (the same
+    containers: a dict of outputs is compared leaf by leaf)."""
+    from torch.utils._pytree import tree_leaves
+
+    if type(y) is not type(ref):
+        raise TypeError(f"returned a {type(y).__name__}, the module a {type(ref).__name__}")
+    pairs = zip(tree_leaves(y), tree_leaves(ref), strict=True)
+    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in pairs
+               if isinstance(b, torch.Tensor))
 
 
-def _timed(label: str, run: Callable[[], torch.Tensor], ref: torch.Tensor) -> str:
+def _timed(label: str, run: Callable[[], object], ref: object) -> str:
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with torch.no_grad():
                 out = run()
+            seconds = time.perf_counter() - t
+            err = _rel(out, ref)
         except Exception as exc:  # reported, the next entry point still runs
             traceback.print_exc()
             return f"{label} FAILED {type(exc).__name__}: {str(exc)[:300]}"
-    return (f"{label} rel {_rel(out, ref):.1e} in {time.perf_counter() - t:.0f} s, "
-            f"{len(caught)} warnings")
+    return f"{label} rel {err:.1e} in {seconds:.0f} s, {len(caught)} warnings"
 
 
 def row(spec: str) -> str:
