@@ -50,7 +50,7 @@ import torch
 
 from ollie.errors import UnsupportedError
 from ollie.exec.precision import full_fp32
-from ollie.optimizer.int_inputs import split_at_floats
+from ollie.optimizer.int_inputs import split_at_floats, static_input
 from ollie.optimizer.libraries import rel_err
 from ollie.optimizer.model import OptimizeConfig, optimize
 
@@ -104,16 +104,10 @@ def _symbolic(inputs: Sequence[object]) -> bool:
     return False
 
 
-def _static(x: object) -> bool:
-    """Whether dynamo marked graph input ``x`` as a module's parameter or buffer."""
-    return isinstance(x, torch.Tensor) and \
-        getattr(x, "_dynamo_static_input_type", None) is not None
-
-
 def _fixed(x: object) -> bool:
     """Whether graph input ``x`` is a constant of the program: a parameter or buffer, or an
     integer or boolean tensor (ids, masks), which a float32 program does not take."""
-    return isinstance(x, torch.Tensor) and (_static(x) or not x.is_floating_point())
+    return isinstance(x, torch.Tensor) and (static_input(x) or not x.is_floating_point())
 
 
 class _Bound(torch.nn.Module):
@@ -152,7 +146,7 @@ def _stamp(inputs: Sequence[object]) -> Stamp:
     input. The program holds them as constants, so it serves only a call that passes the same
     parameters and buffers, not written since (``load_state_dict``, an optimiser step), and
     integer / boolean inputs of the same values."""
-    return [(i, x, x._version, None if _static(x) else x.detach().clone())
+    return [(i, x, x._version, None if static_input(x) else x.detach().clone())
             for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and _fixed(x)]
 
 

@@ -27,7 +27,8 @@ import torch
 from torch import fx
 
 
-def _static(x: object) -> bool:
+def static_input(x: object) -> bool:
+    """Whether dynamo marked graph input ``x`` as a module's parameter or buffer."""
     return isinstance(x, torch.Tensor) and \
         getattr(x, "_dynamo_static_input_type", None) is not None
 
@@ -36,7 +37,7 @@ def varying_integers(inputs: Sequence[object]) -> list[int]:
     """Positions of the integer and boolean tensor inputs that are not a module's parameters
     or buffers (dynamo marks those static)."""
     return [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
-            and not x.is_floating_point() and not _static(x)]
+            and not x.is_floating_point() and not static_input(x)]
 
 
 def _value(node: fx.Node) -> object:
@@ -55,7 +56,7 @@ def part_nodes(gm: fx.GraphModule, inputs: Sequence[object]) -> set[fx.Node]:
         return set()
     varying = {placeholders[i] for i in varying_integers(inputs)}
     known = {p for p, x in zip(placeholders, inputs, strict=True)
-             if not isinstance(x, torch.Tensor) or _static(x)}  # constants and their nodes
+             if not isinstance(x, torch.Tensor) or static_input(x)}  # constants and their nodes
     known |= {n for n in gm.graph.nodes if n.op == "get_attr"}
     integral = set(varying)  # nodes of non-floating values computed from the integers
     part: set[fx.Node] = set()
@@ -151,4 +152,4 @@ def split_at_floats(gm: fx.GraphModule, inputs: Sequence[object]) -> Split | Non
     return Split(fx.GraphModule(gm, first), fx.GraphModule(gm, second), kept)
 
 
-__all__ = ["Split", "part_nodes", "split_at_floats", "varying_integers"]
+__all__ = ["Split", "part_nodes", "split_at_floats", "static_input", "varying_integers"]
