@@ -5,6 +5,8 @@ ONNX, so a transformer block is one region matching the module; arguments it doe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -107,3 +109,54 @@ def test_products_and_softmax_without_a_convolution_form_a_region():
     assert softmax and set(softmax) <= inside
     with torch.no_grad():
         torch.testing.assert_close(CompiledProgram(marked)(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+class _Biased(nn.Module):
+    """Attention with a floating-point mask computed from a parameter (T5's position bias)."""
+
+    def __init__(self, d: int = 16, n: int = 5) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.bias = nn.Parameter(torch.randn(1, n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = self.bias * 0.5 + x[:, :, :1]
+        return F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), attn_mask=mask,
+                                              scale=1.0)
+
+
+def test_an_attention_with_a_float_mask_is_inside_the_region():
+    torch.manual_seed(0)
+    opaque, inside = _regions(_Biased(), torch.randn(2, 5, 16))
+    assert len(opaque) == 1 and set(opaque) <= inside
+
+
+class _Gated(nn.Module):
+    """A product reading a boolean result of an opaque operator (``y > 0.1``): the frontend
+    converts it to float32 with an opaque ``_to_copy``."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return self.b(y * torch.gt(y, 0.1) + y)
+
+
+def test_a_kernel_reading_a_boolean_tensor_stays_outside_the_regions():
+    torch.manual_seed(0)
+    prog = _program(_Gated().eval(), torch.randn(2, 5, 16))
+    cast = next(k for k in prog.kernels if getattr(k.params, "node", None) is not None
+                and k.params.node.attrs.get("op_type") == "_to_copy")
+    readers = [i for i, k in enumerate(prog.kernels) if cast.output in k.inputs]
+    inside = {i for s, e in ort_region.spans(prog) for i in range(s, e)}
+    assert readers and set(readers) <= inside  # a float32 result: read inside a region
+    # the same operator declared to give booleans: its readers leave the regions
+    node = cast.params.node
+    boolean = replace(cast, params=replace(cast.params, node=replace(
+        node, attrs={**node.attrs, "output_dtypes": ["bool"]})))
+    marked = Program(prog.inputs, prog.outputs,
+                     [boolean if k is cast else k for k in prog.kernels], prog.constants)
+    inside = {i for s, e in ort_region.spans(marked) for i in range(s, e)}
+    assert not inside.intersection(readers)

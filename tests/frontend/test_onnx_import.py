@@ -113,6 +113,14 @@ CASES = {
          N("Concat", ["t", "c"], ["y"], axis=-1)],
         {"x": (2, 5, 3)}, {"w": rand(3, 4), "c": rand(2, 4, 2)},
         {"MatMul": 1, "Transpose": 1, "Concat": 1}),
+    "pow_reciprocal": (  # GPT-2's cube, T5's square, a reciprocal square root
+        [N("Pow", ["x", "three"], ["c"]), N("Pow", ["x", "two"], ["q"]),
+         N("Add", ["q", "one"], ["p"]), N("Pow", ["p", "neg_half"], ["r"]),
+         N("Reciprocal", ["p"], ["i"]), N("Sum", ["c", "r", "i"], ["y"])],
+        {"x": (2, 3, 4)},
+        {"three": np.asarray(3.0, np.float32), "two": np.asarray(2.0, np.float32),
+         "one": np.asarray(1.0, np.float32), "neg_half": np.asarray(-0.5, np.float32)},
+        {"Mul": 3, "Add": 3, "Sqrt": 1, "Div": 2}),
     "squeeze_unsqueeze_dropout_identity": (
         [N("Unsqueeze", ["x", "ax"], ["u"]), N("Dropout", ["u"], ["d"]),
          N("Identity", ["d"], ["i"]), N("Squeeze", ["i", "ax"], ["s"]), N("Relu", ["s"], ["y"])],
@@ -316,3 +324,10 @@ def test_pad_with_a_value_stays_opaque() -> None:
     nodes = [N("Pad", ["x", "p", "v"], ["y"])]
     inits = {"p": _i64(1, 1), "v": np.asarray(2.0, dtype=np.float32)}
     check(make(nodes, {"x": (4,)}, ["y"], inits), {"x": rand(4)}, {"Opaque[Pad]": 1})
+
+
+def test_pow_of_another_exponent_stays_opaque() -> None:
+    nodes = [N("Pow", ["x", "e"], ["y"])]
+    graph = check(make(nodes, {"x": (2, 5)}, ["y"], {"e": np.asarray(1.7, np.float32)}),
+                  {"x": np.abs(rand(2, 5)) + 0.1}, {"Opaque[Pow]": 1})
+    assert graph.nodes[0].op == "Opaque"

@@ -240,3 +240,33 @@ def test_multihead_attention_block_keeps_only_its_boundaries_opaque() -> None:
     graph = check(ViTBlock(dim=16, heads=2, mlp=32), torch.randn(2, 5, 16))
     kinds = sorted(n.attrs.get("op_type", n.op) for n in graph.nodes if n.opaque)
     assert set(kinds) <= {"gelu", "layer_norm", "scaled_dot_product_attention"}, kinds
+
+
+def test_powers_and_reciprocals_are_element_wise_operators() -> None:
+    """GPT-2's ``x ** 3``, T5's ``x.pow(2)`` and ``rsqrt``: Mul / Sqrt / Div nodes (fused into
+    eOperators later) with the values PyTorch computes; another exponent stays opaque."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        p = x.pow(2) + 1.0
+        return torch.pow(x, 3) + torch.rsqrt(p) + p.reciprocal() + p ** 0.5 + p.pow(-2) \
+            + x.pow(1) - p.pow(-1)
+
+    graph = check(Lambda(fn), torch.randn(2, 5, 6))
+    _no_opaque(graph)
+    assert graph.op_counts()["Sqrt"] == 2
+    graph = check(Lambda(lambda x: (x.abs() + 0.5).pow(1.7)), torch.randn(2, 5, 6))
+    assert [n.attrs.get("op_type") for n in graph.nodes if n.opaque] == ["pow.Tensor_Scalar"]
+
+
+def test_integer_and_boolean_operands_become_float32() -> None:
+    """``y * (y > 0)``, a boolean constant and an integer constant as operands of element-wise
+    operators: converted to float32 (an opaque ``_to_copy`` for the computed mask, constants
+    at import), as PyTorch promotes them."""
+    keep = torch.tensor([True, False, True, True, False, True])
+    steps = torch.arange(6)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * (x > 0.1) + x * keep - steps + torch.sqrt(steps)
+
+    graph = check(Lambda(fn), torch.randn(2, 5, 6))
+    opaque = sorted(str(n.attrs.get("op_type")) for n in graph.nodes if n.opaque)
+    assert opaque == ["_to_copy", "gt.Scalar"], opaque

@@ -13,6 +13,9 @@ from ollie.graph.execute import run_node
 from ollie.graph.ir import Graph, Node, Shape, sanitize
 from ollie.graph.opaque import dtype_name, torch_dtype
 
+POWERS = (1, 2, 3, 0.5, -0.5, -1, -2)
+"""The exponents :meth:`GraphBuilder.power` expresses as element-wise graph operators."""
+
 
 class GraphBuilder:
     """``track_shapes``: keep a meta tensor per tensor (``self.meta``), running each emitted
@@ -98,6 +101,28 @@ class GraphBuilder:
     def silu(self, x: str, hint: str) -> str:
         """``x * sigmoid(x)`` (SiLU, Swish)."""
         return self.emit1("Mul", [x, self.emit1("Sigmoid", [x], hint=f"{hint}_gate")],
+                          hint=hint)
+
+    def power(self, x: str, exponent: float, hint: str) -> str | None:
+        """``x ** exponent`` as element-wise graph operators for the exponents models use
+        (:data:`POWERS`: a square, a cube, square roots and reciprocals, as in GPT-2's GELU and
+        T5's RMS norm), None for any other exponent (the caller keeps its node opaque)."""
+        if exponent not in POWERS:
+            return None
+        if exponent == 1:
+            return self.emit1("Identity", [x], hint=hint)
+        if exponent in (0.5, -0.5):
+            root = self.emit1("Sqrt", [x], hint=hint if exponent > 0 else f"{hint}_sqrt")
+            return root if exponent > 0 else self.reciprocal(root, hint)
+        if exponent < 0:
+            return self.reciprocal(x if exponent == -1 else self.power(x, -exponent,
+                                                                      f"{hint}_pos"), hint)
+        y = self.emit1("Mul", [x, x], hint=hint if exponent == 2 else f"{hint}_sq")
+        return y if exponent == 2 else self.emit1("Mul", [y, x], hint=hint)
+
+    def reciprocal(self, x: str, hint: str) -> str:
+        """``1 / x``."""
+        return self.emit1("Div", [self.add_const(np.float32(1.0), f"{hint}_one"), x],
                           hint=hint)
 
     def shape(self, name: str) -> tuple[int, ...]:

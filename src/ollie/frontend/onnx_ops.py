@@ -201,6 +201,21 @@ def _scalar_input(imp: OnnxImporter, node: Any, k: int, what: str) -> float | No
     return float(np.asarray(v).reshape(()))
 
 
+@register("Pow")
+def _pow(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
+    float_io(imp, node)
+    e = _scalar_input(imp, node, 1, "exponent")
+    y = None if e is None else imp.b.power(imp.value(node.input[0]), e, node.output[0])
+    require(y is not None, f"exponent {e} has no element-wise form")
+    return [y]
+
+
+@register("Reciprocal")
+def _reciprocal(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
+    float_io(imp, node)
+    return [imp.b.reciprocal(imp.value(node.input[0]), node.output[0])]
+
+
 @register("Clip")
 def _clip(imp: OnnxImporter, node: Any, a: dict[str, Any]) -> Result:
     float_io(imp, node)

@@ -28,7 +28,7 @@ from ollie.errors import OllieError, ShapeError, UnsupportedError
 from ollie.frontend import torch_views  # noqa: F401 - registers its HANDLERS entries
 from ollie.frontend.builder import GraphBuilder
 from ollie.frontend.inplace import rewrite_in_place
-from ollie.frontend.torch_ops import HANDLERS, Fallback, bind
+from ollie.frontend.torch_ops import HANDLERS, Fallback, bind, meta_val, shape
 from ollie.graph.ir import Graph, prefixed
 from ollie.graph.opaque import TensorRef, dtype_name, torch_opaque_attrs
 
@@ -187,6 +187,23 @@ class TorchImporter:
         if isinstance(arg, (bool, int, float)):
             return self.scalar(float(arg))
         raise Fallback(f"unsupported argument {arg!r}")
+
+    def float_tensor(self, arg: Any) -> str:
+        """:meth:`tensor` of ``arg`` as float32 where it holds integers or booleans, as
+        PyTorch promotes an element-wise operator's operand (a mask ``y * (y > 0)``): a
+        constant is converted here, a computed tensor by an opaque ``_to_copy``. Ollie's
+        element-wise kernels compute in float32 and read float32 only."""
+        name = self.tensor(arg)
+        dtype = getattr(meta_val(arg), "dtype", None) if isinstance(arg, fx.Node) else None
+        if dtype is None or dtype.is_floating_point or dtype.is_complex:
+            return name
+        value = self.const_value(name)
+        if value is not None:
+            return self.const(value.to(torch.float32), f"{arg.name}_float")
+        s = shape(arg)
+        attrs = torch_opaque_attrs(torch.ops.aten._to_copy.default, (TensorRef(0),),
+                                   {"dtype": torch.float32}, [s], ["float32"])
+        return self.b.emit1("Opaque", [name], attrs, hint=f"{arg.name}_float")
 
     def is_const(self, name: str) -> bool:
         return name in self.b.initializers

@@ -192,13 +192,32 @@ def _unary(op: str) -> Handler:
     def handler(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
         if not is_float(node):
             raise Fallback("non-float element-wise operator")
-        return imp.b.emit1(op, [imp.tensor(a["self"])], {}, node.name)
+        return imp.b.emit1(op, [imp.float_tensor(a["self"])], {}, node.name)
 
     return handler
 
 
 for _name, _op in _UNARY.items():
     HANDLERS[f"aten::{_name}.default"] = _unary(_op)
+
+
+@register("pow.Tensor_Scalar")
+def _pow(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    e = a.get("exponent")
+    if not is_float(node) or isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise Fallback("non-float power or a tensor exponent")
+    y = imp.b.power(imp.tensor(a["self"]), float(e), node.name)
+    if y is None:
+        raise Fallback(f"exponent {e} has no element-wise form")
+    return y
+
+
+@register("rsqrt.default", "reciprocal.default")
+def _reciprocals(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    if not is_float(node):
+        raise Fallback("non-float reciprocal")
+    e = -0.5 if "rsqrt" in str(node.target) else -1.0
+    return imp.b.power(imp.tensor(a["self"]), e, node.name)
 
 
 @register("leaky_relu.default")
@@ -261,7 +280,7 @@ def _binary(op: str) -> Handler:
     def handler(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
         if not is_float(node) or a.get("rounding_mode") is not None:
             raise Fallback("non-float or rounding arithmetic")
-        x, y = imp.tensor(a["self"]), imp.tensor(a["other"])
+        x, y = imp.float_tensor(a["self"]), imp.float_tensor(a["other"])
         alpha = a.get("alpha", 1)
         if alpha is not None and float(alpha) != 1.0:
             y = imp.b.emit1("Mul", [y, imp.scalar(float(alpha))], {}, f"{node.name}_alpha")

@@ -1,7 +1,8 @@
 """Opaque torch operators an ONNX Runtime region still expresses: ``layer_norm`` (ONNX
 ``LayerNormalization``), ``gelu`` (its ``Erf`` or ``Tanh`` formula, which ONNX Runtime fuses
-into one kernel) and ``scaled_dot_product_attention`` without mask, dropout or causality
-(``MatMul``, ``Softmax``, ``MatMul``).
+into one kernel) and ``scaled_dot_product_attention`` without dropout or causality, with a
+floating-point mask or none (``MatMul``, ``Add``, ``Softmax``, ``MatMul``; T5's position bias
+is such a mask).
 
 Ollie has no expression for these operators (they run as the aten operator, an ``Opaque``
 node), so each ended a region: a transformer block or a ConvNeXt block was cut into a region
@@ -42,6 +43,18 @@ def _tensor(arg: object, ins: Sequence[str]) -> str | None:
 def _arg(args: tuple, kwargs: Mapping[str, object], i: int, name: str,
          default: object) -> object:
     return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _floating(b: Any, name: str) -> bool:
+    """Whether the region tensor ``name`` holds floating-point values: a program constant of
+    a floating-point dtype, or a computed tensor (a region reads only floating-point ones:
+    :func:`ollie.backends.onnxrt.region.spans`)."""
+    value = b.constants.get(name)
+    if value is None:
+        return True
+    dtype = getattr(value, "dtype", None)
+    return bool(getattr(dtype, "is_floating_point", False)) or \
+        getattr(dtype, "kind", "") == "f"
 
 
 def _layer_norm(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
@@ -86,8 +99,10 @@ def _gelu(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
 def _attention(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
     q, k, v = (_tensor(_arg(args, kwargs, i, n, None), ins)
                for i, n in enumerate(("query", "key", "value")))
+    mask_arg = _arg(args, kwargs, 3, "attn_mask", None)
+    mask = _tensor(mask_arg, ins) if mask_arg is not None else None
     if q is None or k is None or v is None or \
-            _arg(args, kwargs, 3, "attn_mask", None) is not None or \
+            (mask_arg is not None and (mask is None or not _floating(b, mask))) or \
             _arg(args, kwargs, 4, "dropout_p", 0.0) != 0 or \
             _arg(args, kwargs, 5, "is_causal", False) or kwargs.get("enable_gqa", False):
         return None
@@ -102,6 +117,8 @@ def _attention(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
     kt = b.node("Transpose", [k], "att_kt", perm=[*range(rank - 2), rank - 1, rank - 2])
     scores = b.node("Mul", [b.node("MatMul", [q, kt], "att_qk"),
                             b.const("att_scale", np.asarray(scale, np.float32))], "att_s")
+    if mask is not None:  # a floating-point mask is added to the scores
+        scores = b.node("Add", [scores, mask], "att_m")
     return b.node("MatMul", [b.node("Softmax", [scores], "att_p", axis=-1), v], "att")
 
 

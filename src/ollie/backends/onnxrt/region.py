@@ -220,10 +220,17 @@ def _is_anchor(k: Kernel) -> bool:
 
 def spans(prog: Program) -> list[tuple[int, int]]:
     """Maximal runs ``[start, end)`` of exportable kernels holding a convolution or a matrix
-    product and at least :data:`MIN_KERNELS` kernels."""
+    product and at least :data:`MIN_KERNELS` kernels; a kernel reading an opaque operator's
+    integer or boolean result is not one of them."""
     shapes = prog.tensor_shapes()
     out, start = [], None
-    flags = [exportable(k, prog.constants, shapes) for k in prog.kernels] + [False]
+    # a region's inputs are float32: an opaque operator's integer or boolean result is not one
+    others = {k.output for k in prog.kernels if isinstance(k.params, NodeParams) and
+              k.params.node.op == OPAQUE and not all(
+                  str(d).startswith("float") for d in k.params.node.attrs.get(
+                      "output_dtypes", ("float32",)))}
+    flags = [exportable(k, prog.constants, shapes) and not others.intersection(k.inputs)
+             for k in prog.kernels] + [False]
     for i, ok in enumerate(flags):
         if ok and start is None:
             start = i
