@@ -160,3 +160,46 @@ def test_a_kernel_reading_a_boolean_tensor_stays_outside_the_regions():
                      [boolean if k is cast else k for k in prog.kernels], prog.constants)
     inside = {i for s, e in ort_region.spans(marked) for i in range(s, e)}
     assert not inside.intersection(readers)
+
+
+class _Masked(nn.Module):
+    """Scores filled where a mask computed from the input is false (DeBERTa's form: the
+    torch.compile backend passes the mask as 0.0 / 1.0 and casts it back with ``.bool()``);
+    ``where``: the mask is also read by ``torch.where``, which no region expresses."""
+
+    def __init__(self, d: int = 16, where: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.where = where
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.relu(self.q(x)[:, None, :, 0] - 0.2).bool()  # [b, 1, n]
+        s = self.q(x) @ self.k(x).transpose(1, 2)
+        s = s.masked_fill(~keep, torch.finfo(torch.float32).min)
+        y = torch.softmax(s, dim=-1) @ self.v(x)
+        return torch.where(keep[:, 0, :, None], y, 0.5) if self.where else y
+
+
+def _opaque_types(prog: Program) -> dict[str, int]:
+    return {k.params.node.attrs["op_type"]: i for i, k in enumerate(prog.kernels)
+            if getattr(k.params, "node", None) is not None and k.params.node.op == "Opaque"}
+
+
+def test_a_boolean_mask_cast_and_read_in_the_region_is_inside_it():
+    torch.manual_seed(0)
+    m = _Masked().eval()
+    x = torch.randn(2, 5, 16)
+    opaque, inside = _regions(m, x)
+    types = _opaque_types(variant(_program(m, x), REGIONS))
+    assert {"to.dtype", "bitwise_not", "masked_fill.Scalar"} <= set(types)
+    assert set(opaque) <= inside
+
+
+def test_a_boolean_mask_also_read_outside_keeps_its_operators_out_of_the_regions():
+    torch.manual_seed(0)
+    m = _Masked(where=True).eval()
+    x = torch.randn(2, 5, 16)
+    _, inside = _regions(m, x)
+    types = _opaque_types(variant(_program(m, x), REGIONS))
+    assert types["to.dtype"] not in inside and types["bitwise_not"] not in inside
+    assert types["masked_fill.Scalar"] not in inside

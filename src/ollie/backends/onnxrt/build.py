@@ -48,6 +48,9 @@ class Builder:
         self.inits: dict[str, np.ndarray] = {}
         self.count = 0
         self.reshaped: dict[str, str] = {}  # a Reshape's output -> the tensor it reshapes
+        # tensors holding booleans (a mask cast in the region): read only by the opaque
+        # operators that take them (:data:`ollie.backends.onnxrt.opaque.BOOLEAN_READERS`)
+        self.bools: set[str] = set()
 
     def fresh(self, base: str) -> str:
         self.count += 1

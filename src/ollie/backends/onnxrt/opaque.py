@@ -1,8 +1,11 @@
 """Opaque torch operators an ONNX Runtime region still expresses: ``layer_norm`` (ONNX
 ``LayerNormalization``), ``gelu`` (its ``Erf`` or ``Tanh`` formula, which ONNX Runtime fuses
-into one kernel) and ``scaled_dot_product_attention`` without dropout or causality, with a
+into one kernel), ``scaled_dot_product_attention`` without dropout or causality, with a
 floating-point mask or none (``MatMul``, ``Add``, ``Softmax``, ``MatMul``; T5's position bias
-is such a mask).
+is such a mask), and a boolean mask's operators: its cast from or to floats (``Cast``), its
+negation (``Not``) and ``masked_fill`` (``Where``; DeBERTa's scores). A boolean tensor lives
+inside one region: produced and read there, never one of its inputs or outputs
+(:func:`ollie.backends.onnxrt.region.spans`).
 
 Ollie has no expression for these operators (they run as the aten operator, an ``Opaque``
 node), so each ended a region: a transformer block or a ConvNeXt block was cut into a region
@@ -19,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from ollie.graph import Node
 from ollie.graph.opaque import OpRef, TensorRef
@@ -122,12 +126,83 @@ def _attention(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
     return b.node("MatMul", [b.node("Softmax", [scores], "att_p", axis=-1), v], "att")
 
 
+def _cast(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    """``_to_copy`` / ``to`` to ``bool`` of a floating-point tensor (the mask the
+    torch.compile backend passes as 0.0 / 1.0, :mod:`ollie.optimizer.int_inputs`), or to
+    ``float32`` of a boolean one (an element-wise operand, :meth:`ollie.frontend.torch_import.
+    TorchImporter.float_tensor`): ONNX ``Cast``, which maps values as PyTorch does (non-zero,
+    NaN included, to true; true to 1.0)."""
+    from onnx import TensorProto
+
+    x = _tensor(_arg(args, kwargs, 0, "self", None), ins)
+    dtype = _arg(args, kwargs, 1, "dtype", None)
+    if x is None or len(args) > 2 or \
+            set(kwargs) - {"dtype", "layout", "device", "non_blocking", "copy"} or \
+            kwargs.get("layout") not in (None, torch.strided) or \
+            kwargs.get("device") not in (None, torch.device("cpu")):
+        return None
+    if dtype is torch.bool and x not in b.bools:
+        out = b.node("Cast", [x], "mask", to=TensorProto.BOOL)
+        b.bools.add(out)
+        return out
+    if dtype is torch.float32 and x in b.bools:
+        return b.node("Cast", [x], "unmask", to=TensorProto.FLOAT)
+    return None
+
+
+def _mask(b: Any, name: str | None) -> str | None:
+    """The boolean ONNX tensor of mask ``name``: one cast in the region, or a boolean program
+    constant as a boolean initializer; None for anything else."""
+    if name is None:
+        return None
+    if name in b.bools:
+        return name
+    value = b.constants.get(name)
+    if value is None or getattr(value, "dtype", None) not in (torch.bool, np.bool_):
+        return None
+    out = b.const("mask", np.ascontiguousarray(np.asarray(value, dtype=np.bool_)))
+    b.bools.add(out)
+    return out
+
+
+def _masked_fill(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    """``masked_fill`` with a scalar value and a boolean mask (DeBERTa's scores): ONNX
+    ``Where(mask, value, x)``."""
+    x = _tensor(_arg(args, kwargs, 0, "self", None), ins)
+    mask = _mask(b, _tensor(_arg(args, kwargs, 1, "mask", None), ins))
+    value = _arg(args, kwargs, 2, "value", None)
+    if x is None or x in b.bools or mask is None or isinstance(value, bool) or \
+            not isinstance(value, (int, float)):
+        return None
+    return b.node("Where", [mask, b.const("fill", np.asarray(value, np.float32)), x], "filled")
+
+
+def _not(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    """``bitwise_not`` / ``logical_not`` of a boolean mask: ONNX ``Not``."""
+    x = _mask(b, _tensor(_arg(args, kwargs, 0, "self", None), ins))
+    if x is None:
+        return None
+    out = b.node("Not", [x], "not")
+    b.bools.add(out)
+    return out
+
+
 EMITTERS: dict[str, Emit] = {
     "aten.layer_norm.default": _layer_norm,
     "aten.gelu.default": _gelu,
     "aten.scaled_dot_product_attention.default": _attention,
+    "aten._to_copy.default": _cast,
+    "aten.to.dtype": _cast,
+    "aten.masked_fill.Scalar": _masked_fill,
+    "aten.bitwise_not.default": _not,
+    "aten.logical_not.default": _not,
 }
 """The opaque torch operators a region expresses, by ``namespace.name.overload``."""
+
+BOOLEAN_READERS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.masked_fill.Scalar",
+                             "aten.bitwise_not.default", "aten.logical_not.default"})
+"""The operators of :data:`EMITTERS` that may read a boolean tensor (the others are given
+floating-point ones only: :func:`emit`)."""
 
 
 def supported(node: Node) -> bool:
@@ -143,7 +218,7 @@ def emit(builder: Any, node: Node, ins: list[str]) -> str | None:
     the name of its result, or None when its arguments are not ones it expresses."""
     target = _target(node)
     fn = EMITTERS.get(target) if target is not None else None
-    if fn is None:
+    if fn is None or (target not in BOOLEAN_READERS and builder.bools.intersection(ins)):
         return None
     args = node.attrs.get("args", ())
     kwargs = node.attrs.get("kwargs", {})
@@ -151,4 +226,4 @@ def emit(builder: Any, node: Node, ins: list[str]) -> str | None:
               dict(kwargs) if isinstance(kwargs, Mapping) else {})
 
 
-__all__ = ["EMITTERS", "emit", "supported"]
+__all__ = ["BOOLEAN_READERS", "EMITTERS", "emit", "supported"]

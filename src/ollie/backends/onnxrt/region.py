@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ollie.backends.onnxrt import opaque
+from ollie.backends.onnxrt.booleans import booleans, confined
 from ollie.backends.onnxrt.build import ACT as _ACT
 from ollie.backends.onnxrt.build import CONVS as _CONVS
 from ollie.backends.onnxrt.build import POOLS as _POOLS
@@ -89,15 +90,18 @@ def _flat(view: View | None, numel: int) -> bool:
 
 
 def exportable(k: Kernel, constants: Mapping[str, object],
-               shapes: Mapping[str, tuple[int, ...]]) -> bool:
-    """Whether kernel ``k`` can be one step of an ONNX Runtime region."""
+               shapes: Mapping[str, tuple[int, ...]],
+               bools: frozenset[str] = frozenset()) -> bool:
+    """Whether kernel ``k`` can be one step of an ONNX Runtime region; ``bools``: the
+    program's computed tensors that hold booleans, which only some opaque operators read
+    (:data:`ollie.backends.onnxrt.opaque.BOOLEAN_READERS`)."""
     p = k.params
     act = p.activation
     if act and act not in _ACT:
         return False
     if isinstance(p, NodeParams):
         op = p.node.op
-        if len(p.node.outputs) != 1:
+        if len(p.node.outputs) != 1 or (op != OPAQUE and bools.intersection(k.inputs)):
             return False
         ins = list(k.inputs[:-1] if p.residual else k.inputs)
         if op in _CONVS:
@@ -106,13 +110,15 @@ def exportable(k: Kernel, constants: Mapping[str, object],
         if p.residual:
             return False
         if op == OPAQUE:
-            return _opaque_expressible(k, constants, shapes)
+            return _opaque_expressible(k, constants, shapes, bools)
         if op == "MatMul":  # torch.matmul and ONNX MatMul broadcast alike
             return len(ins) == 2
         if op == "Slice":
             return int(p.node.attrs.get("step", 1)) >= 1
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op in ("Flatten", "Softmax") and not act)
+    if bools.intersection(k.inputs):
+        return False
     if k.kind in (KernelKind.EOP, KernelKind.MATMUL, KernelKind.ALIAS):
         return _expressible(k, constants, shapes)
     if isinstance(p, ConvParams):
@@ -130,14 +136,15 @@ def exportable(k: Kernel, constants: Mapping[str, object],
 
 
 def _opaque_expressible(k: Kernel, constants: Mapping[str, object],
-                        shapes: Mapping[str, tuple[int, ...]]) -> bool:
+                        shapes: Mapping[str, tuple[int, ...]], bools: frozenset[str]) -> bool:
     """An opaque torch operator :mod:`ollie.backends.onnxrt.opaque` expresses with these
-    arguments (tried in a scratch :class:`Builder`)."""
+    arguments (tried in a scratch :class:`Builder`; ``bools``: as :func:`exportable`'s)."""
     p = k.params
     assert isinstance(p, NodeParams)
     if not opaque.supported(p.node):
         return False
     scratch = Builder(constants, dict(shapes))  # type: ignore[arg-type]
+    scratch.bools.update(bools.intersection(k.inputs))
     try:
         ins = [scratch.const(n) if n in constants else n for n in k.inputs]
         return opaque.emit(scratch, p.node, ins) is not None
@@ -220,18 +227,14 @@ def _is_anchor(k: Kernel) -> bool:
 
 def spans(prog: Program) -> list[tuple[int, int]]:
     """Maximal runs ``[start, end)`` of exportable kernels holding a convolution or a matrix
-    product and at least :data:`MIN_KERNELS` kernels; a kernel reading an opaque operator's
-    integer or boolean result is not one of them."""
+    product and at least :data:`MIN_KERNELS` kernels; an opaque operator's boolean or integer
+    result is produced and read within one run or outside every run
+    (:func:`ollie.backends.onnxrt.booleans.confined`)."""
     shapes = prog.tensor_shapes()
+    flags = confined(prog, [exportable(k, prog.constants, shapes, booleans(prog))
+                             for k in prog.kernels])
     out, start = [], None
-    # a region's inputs are float32: an opaque operator's integer or boolean result is not one
-    others = {k.output for k in prog.kernels if isinstance(k.params, NodeParams) and
-              k.params.node.op == OPAQUE and not all(
-                  str(d).startswith("float") for d in k.params.node.attrs.get(
-                      "output_dtypes", ("float32",)))}
-    flags = [exportable(k, prog.constants, shapes) and not others.intersection(k.inputs)
-             for k in prog.kernels] + [False]
-    for i, ok in enumerate(flags):
+    for i, ok in enumerate([*flags, False]):
         if ok and start is None:
             start = i
         elif not ok and start is not None:
