@@ -193,6 +193,9 @@ def _no_opaque(graph) -> None:
     ("mean", lambda x: x.mean(dim=1, keepdim=True), "ReduceMean"),
     ("mean_spatial", lambda x: x.mean(dim=-1), "GlobalAveragePool"),
     ("mean_two", lambda x: x.mean(dim=(-1, 0)), "ReduceMean"),
+    ("roll", lambda x: torch.roll(x, shifts=(-2, 3), dims=(1, 2)), "Concat"),
+    ("roll_neg_dim", lambda x: x.roll(8, -1) * 2, "Concat"),
+    ("roll_whole", lambda x: x.roll(5, 1) + 1, "Add"),
 ])
 def test_view_and_reduction_ops(name: str, fn, op: str) -> None:
     graph = check(Lambda(fn), torch.randn(2, 5, 6))
@@ -216,6 +219,7 @@ def test_full_slices_and_zero_pads_are_the_input() -> None:
     lambda x: F.pad(x, (-1, 1)),
     lambda x: F.pad(x, (1, 1), mode="reflect"),
     lambda x: x.sum(),
+    lambda x: torch.roll(x, 3),
 ])
 def test_unsupported_forms_stay_opaque(fn) -> None:
     graph = check(Lambda(fn), torch.randn(2, 5, 6))
@@ -270,3 +274,17 @@ def test_integer_and_boolean_operands_become_float32() -> None:
     graph = check(Lambda(fn), torch.randn(2, 5, 6))
     opaque = sorted(str(n.attrs.get("op_type")) for n in graph.nodes if n.opaque)
     assert opaque == ["_to_copy", "gt.Scalar"], opaque
+
+
+def test_factories_of_a_computed_tensors_shape_are_constants() -> None:
+    """``x.new_zeros(...)``, ``torch.full_like(x, v)`` and a mask built from them (Swin's
+    attention mask: slices filled, compared, ``masked_fill``) depend on ``x``'s shape only:
+    folded into constants, nothing opaque."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        mask = x.new_zeros((5, 6))
+        mask[:2, 3:] = 1.0
+        mask = mask.masked_fill(mask != 0, -100.0)
+        return x + mask + torch.full_like(x, 0.5) * torch.ones_like(x) + x.new_ones(6)
+
+    graph = check(Lambda(fn), torch.randn(2, 5, 6))
+    _no_opaque(graph)

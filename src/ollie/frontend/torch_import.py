@@ -4,7 +4,9 @@ The module is exported (``torch.export.export``; ``make_fx`` as the fallback whe
 fails), then each ``aten`` node is converted by the handlers of
 :mod:`ollie.frontend.torch_ops` into graph operators. Parameters, buffers and lifted constants
 become initializers (named after their state-dict key); nodes whose inputs are all constants
-are evaluated once and become initializers too (compile-time weight transforms). Unknown
+are evaluated once and become initializers too (compile-time weight transforms), as do
+factories that read only a computed tensor's shape and dtype (``new_zeros``, ``full_like``,
+...: :data:`_SHAPE_ONLY`). Unknown
 operators become ``Opaque`` nodes that call the ``aten`` op. Every converted tensor's shape is
 checked against the shape ``torch.export`` recorded. The checks of a module before and
 after its import (:func:`float32_problem`, :func:`check_import`) are in
@@ -279,6 +281,8 @@ class TorchImporter:
         if self._all_const(node):
             self._fold(node)
             return
+        if _qualname(target) in _SHAPE_ONLY and self._fold_shape_only(node):
+            return
         handler = HANDLERS.get(_qualname(target))
         result = None
         if handler is not None:
@@ -299,18 +303,34 @@ class TorchImporter:
         name = _qualname(node.target)
         if any(word in name for word in _RANDOM):
             return False
-        for d in node.all_input_nodes:
-            v = self.values.get(d.name)
-            if isinstance(v, str) and self.is_const(v):
-                continue
-            if v is not None and not isinstance(v, (str, list, tuple)):
-                continue  # a python value (a folded size, ...)
+        return all(self._constant(d) for d in node.all_input_nodes)
+
+    def _constant(self, d: fx.Node) -> bool:
+        """Whether fx node ``d`` is a constant tensor or a python value (a folded size)."""
+        v = self.values.get(d.name)
+        return (isinstance(v, str) and self.is_const(v)) or \
+            (v is not None and not isinstance(v, (str, list, tuple)))
+
+    def _fold_shape_only(self, node: fx.Node) -> bool:
+        """Fold a :data:`_SHAPE_ONLY` factory (``x.new_zeros(...)``, ``torch.full_like(x,
+        v)``) reading a computed tensor: its value depends on that tensor's shape and dtype
+        only (Swin's attention masks are built from one). False where the shape is not
+        static or another argument is not a constant."""
+        src = node.args[0] if node.args else None
+        val = _meta(src) if isinstance(src, fx.Node) else None
+        size = _shape_of(val)
+        if not isinstance(src, fx.Node) or size is None or \
+                not isinstance(getattr(val, "dtype", None), torch.dtype) or \
+                any(not self._constant(d) for d in node.all_input_nodes if d is not src):
             return False
+        self._fold(node, {src.name: torch.zeros(size, dtype=val.dtype)})
         return True
 
-    def _fold(self, node: fx.Node) -> None:
+    def _fold(self, node: fx.Node, stand_ins: dict[str, torch.Tensor] | None = None) -> None:
         def sub(a: Any) -> Any:
             if isinstance(a, fx.Node):
+                if stand_ins and a.name in stand_ins:
+                    return stand_ins[a.name]
                 v = self.values[a.name]
                 return self.const_value(v) if isinstance(v, str) else v
             return a
@@ -373,6 +393,12 @@ class TorchImporter:
 _METADATA_CHECKS = frozenset({"aten::_assert_tensor_metadata.default"})
 """Operators that check a tensor's metadata (dtype, device, layout: fixed in an exported
 graph) and return nothing; they are dropped."""
+_SHAPE_ONLY = frozenset({"aten::new_zeros.default", "aten::new_ones.default",
+                         "aten::new_full.default", "aten::zeros_like.default",
+                         "aten::ones_like.default", "aten::full_like.default"})
+"""Factories whose value depends on their first argument's shape and dtype only
+(:meth:`TorchImporter._fold_shape_only`)."""
+
 _RANDOM = ("rand", "normal", "bernoulli", "uniform", "multinomial", "dropout", "empty")
 
 

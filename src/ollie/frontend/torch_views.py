@@ -13,7 +13,8 @@ into :data:`ollie.frontend.torch_ops.HANDLERS` on import):
   traced layout is not a permutation of a dense one, or a window reaching outside its values,
   raises :class:`~ollie.errors.UnsupportedError` (it reads memory the graph does not hold);
 * ``sum.dim_IntList`` -> ``ReduceSum``; ``mean.dim`` -> ``GlobalAveragePool`` over the
-  spatial axes of a rank >= 3 tensor, else ``ReduceMean``.
+  spatial axes of a rank >= 3 tensor, else ``ReduceMean``;
+* ``roll`` along given dimensions -> ``Slice``, ``Slice``, ``Concat`` per dimension.
 
 Sizes come from the shapes ``torch.export`` recorded; anything else (a non-zero pad value,
 negative padding, a rank-0 result, a non-float tensor) raises :class:`Fallback` and the node
@@ -295,3 +296,27 @@ def _mean(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     if keep:
         return y
     return imp.b.emit1("Reshape", [y], {"shape": out_shape(node)}, node.name)
+
+
+@register("roll.default")
+def _roll(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+    """``torch.roll`` along given dimensions: per dimension, the last ``shift`` entries
+    concatenated before the others (``Slice``, ``Slice``, ``Concat``: y[i] = x[(i - shift)
+    mod n]), which eOperators and ONNX Runtime regions express (Swin's shifted windows)."""
+    shifts, dims = a.get("shifts"), a.get("dims")
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts or ())
+    dims = [dims] if isinstance(dims, int) else list(dims or ())
+    if not is_float(node) or not dims or len(dims) != len(shifts) or \
+            not all(isinstance(v, int) for v in (*shifts, *dims)):
+        raise Fallback("a roll of the flattened tensor, or symbolic shifts")
+    sizes = shape(a["self"])
+    x = y = imp.tensor(a["self"])
+    for shift, dim in zip(shifts, dims, strict=True):
+        axis = norm_axis(dim, len(sizes))
+        n = sizes[axis]
+        k = shift % n if n else 0
+        if k:
+            y = imp.b.emit1("Concat", [_slice(imp, y, axis, n - k, n, 1, f"{node.name}_tail"),
+                                       _slice(imp, y, axis, 0, n - k, 1, f"{node.name}_head")],
+                            {"axis": axis}, node.name)
+    return y if y != x else imp.b.emit1("Identity", [x], hint=node.name)
