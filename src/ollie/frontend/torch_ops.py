@@ -206,7 +206,7 @@ def _pow(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     e = a.get("exponent")
     if not is_float(node) or isinstance(e, bool) or not isinstance(e, (int, float)):
         raise Fallback("non-float power or a tensor exponent")
-    y = imp.b.power(imp.tensor(a["self"]), float(e), node.name)
+    y = imp.b.power(imp.float_tensor(a["self"]), float(e), node.name)
     if y is None:
         raise Fallback(f"exponent {e} has no element-wise form")
     return y
@@ -217,7 +217,7 @@ def _reciprocals(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result
     if not is_float(node):
         raise Fallback("non-float reciprocal")
     e = -0.5 if "rsqrt" in str(node.target) else -1.0
-    return imp.b.power(imp.tensor(a["self"]), e, node.name)
+    return imp.b.power(imp.float_tensor(a["self"]), e, node.name)
 
 
 @register("leaky_relu.default")
