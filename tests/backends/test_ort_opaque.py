@@ -164,20 +164,26 @@ def test_a_kernel_reading_a_boolean_tensor_stays_outside_the_regions():
 
 class _Masked(nn.Module):
     """Scores filled where a mask computed from the input is false (DeBERTa's form: the
-    torch.compile backend passes the mask as 0.0 / 1.0 and casts it back with ``.bool()``);
-    ``where``: the mask is also read by ``torch.where``, which no region expresses."""
+    torch.compile backend passes the mask as 0.0 / 1.0 and casts it back with ``.bool()``;
+    ``compare``: a comparison instead of the cast), then ``torch.where`` on the result
+    (``where``), or the mask also read by ``torch.any``, which no region expresses
+    (``outside``)."""
 
-    def __init__(self, d: int = 16, where: bool = False) -> None:
+    def __init__(self, d: int = 16, compare: bool = False, where: bool = False,
+                 outside: bool = False) -> None:
         super().__init__()
         self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
-        self.where = where
+        self.compare, self.where, self.outside = compare, where, outside
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        keep = torch.relu(self.q(x)[:, None, :, 0] - 0.2).bool()  # [b, 1, n]
+        h = self.q(x)[:, None, :, 0]
+        keep = h > 0.2 if self.compare else torch.relu(h - 0.2).bool()  # [b, 1, n]
         s = self.q(x) @ self.k(x).transpose(1, 2)
         s = s.masked_fill(~keep, torch.finfo(torch.float32).min)
         y = torch.softmax(s, dim=-1) @ self.v(x)
-        return torch.where(keep[:, 0, :, None], y, 0.5) if self.where else y
+        if self.where:
+            y = torch.where(self.v(x)[..., :1] > 0.0, y, 0.5)
+        return y * torch.any(keep, dim=-1, keepdim=True) if self.outside else y
 
 
 def _opaque_types(prog: Program) -> dict[str, int]:
@@ -185,19 +191,22 @@ def _opaque_types(prog: Program) -> dict[str, int]:
             if getattr(k.params, "node", None) is not None and k.params.node.op == "Opaque"}
 
 
-def test_a_boolean_mask_cast_and_read_in_the_region_is_inside_it():
+@pytest.mark.parametrize(("compare", "where"), [(False, False), (True, True)])
+def test_a_boolean_mask_made_and_read_in_the_region_is_inside_it(compare, where):
     torch.manual_seed(0)
-    m = _Masked().eval()
+    m = _Masked(compare=compare, where=where).eval()
     x = torch.randn(2, 5, 16)
     opaque, inside = _regions(m, x)
     types = _opaque_types(variant(_program(m, x), REGIONS))
-    assert {"to.dtype", "bitwise_not", "masked_fill.Scalar"} <= set(types)
+    made = "gt.Scalar" if compare else "to.dtype"
+    assert {made, "bitwise_not", "masked_fill.Scalar"} <= set(types)
+    assert ("where.ScalarOther" in types) == where
     assert set(opaque) <= inside
 
 
 def test_a_boolean_mask_also_read_outside_keeps_its_operators_out_of_the_regions():
     torch.manual_seed(0)
-    m = _Masked(where=True).eval()
+    m = _Masked(outside=True).eval()
     x = torch.randn(2, 5, 16)
     _, inside = _regions(m, x)
     types = _opaque_types(variant(_program(m, x), REGIONS))

@@ -2,8 +2,9 @@
 ``LayerNormalization``), ``gelu`` (its ``Erf`` or ``Tanh`` formula, which ONNX Runtime fuses
 into one kernel), ``scaled_dot_product_attention`` without dropout or causality, with a
 floating-point mask or none (``MatMul``, ``Add``, ``Softmax``, ``MatMul``; T5's position bias
-is such a mask), and a boolean mask's operators: its cast from or to floats (``Cast``), its
-negation (``Not``) and ``masked_fill`` (``Where``; DeBERTa's scores). A boolean tensor lives
+is such a mask), and a boolean mask's operators: comparisons with a number (``Greater``,
+...), its cast from or to floats (``Cast``), its negation (``Not``), ``masked_fill`` and
+``where`` (``Where``; DeBERTa's scores). A boolean tensor lives
 inside one region: produced and read there, never one of its inputs or outputs
 (:func:`ollie.backends.onnxrt.region.spans`).
 
@@ -187,6 +188,45 @@ def _not(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
     return out
 
 
+_COMPARISONS = {"gt": "Greater", "lt": "Less", "ge": "GreaterOrEqual", "le": "LessOrEqual",
+                "eq": "Equal", "ne": "Equal"}
+"""aten comparisons with a scalar and their ONNX operators (``ne``: ``Not`` of ``Equal``)."""
+
+
+def _compare(name: str) -> Emit:
+    def emit(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+        """A comparison of a floating-point tensor with a number: a boolean mask."""
+        x = _tensor(_arg(args, kwargs, 0, "self", None), ins)
+        other = _arg(args, kwargs, 1, "other", None)
+        if x is None or x in b.bools or isinstance(other, bool) or \
+                not isinstance(other, (int, float)):
+            return None
+        out = b.node(_COMPARISONS[name], [x, b.const("cmp", np.asarray(other, np.float32))],
+                     name)
+        out = b.node("Not", [out], "ne") if name == "ne" else out
+        b.bools.add(out)
+        return out
+
+    return emit
+
+
+def _where(b: Any, ins: list[str], args: tuple, kwargs: dict) -> str | None:
+    """``torch.where(mask, x, y)`` with a boolean mask, each of ``x`` / ``y`` a floating-point
+    tensor or a number: ONNX ``Where``."""
+    mask = _mask(b, _tensor(_arg(args, kwargs, 0, "condition", None), ins))
+    picks = []
+    for i, name in ((1, "self"), (2, "other")):
+        v = _arg(args, kwargs, i, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            picks.append(b.const("pick", np.asarray(v, np.float32)))
+        else:
+            t = _tensor(v, ins)
+            if t is None or t in b.bools:
+                return None
+            picks.append(t)
+    return None if mask is None else b.node("Where", [mask, *picks], "where")
+
+
 EMITTERS: dict[str, Emit] = {
     "aten.layer_norm.default": _layer_norm,
     "aten.gelu.default": _gelu,
@@ -196,11 +236,17 @@ EMITTERS: dict[str, Emit] = {
     "aten.masked_fill.Scalar": _masked_fill,
     "aten.bitwise_not.default": _not,
     "aten.logical_not.default": _not,
+    **{f"aten.{n}.Scalar": _compare(n) for n in _COMPARISONS},
+    "aten.where.self": _where,
+    "aten.where.ScalarOther": _where,
+    "aten.where.ScalarSelf": _where,
 }
 """The opaque torch operators a region expresses, by ``namespace.name.overload``."""
 
 BOOLEAN_READERS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.masked_fill.Scalar",
-                             "aten.bitwise_not.default", "aten.logical_not.default"})
+                             "aten.bitwise_not.default", "aten.logical_not.default",
+                             "aten.where.self", "aten.where.ScalarOther",
+                             "aten.where.ScalarSelf"})
 """The operators of :data:`EMITTERS` that may read a boolean tensor (the others are given
 floating-point ones only: :func:`emit`)."""
 
