@@ -51,7 +51,9 @@ def _program(m: nn.Module, x: torch.Tensor) -> Program:
                           context=False).program
 
 
-def _regions(m: nn.Module, x: torch.Tensor):
+def _regions(m: nn.Module, x: torch.Tensor) -> tuple[Program, list[int], set[int]]:
+    """``m``'s program with its regions marked, checked against ``m``; the positions of its
+    opaque kernels, and of the kernels inside a region."""
     prog = _program(m.eval(), x)
     marked = variant(prog, REGIONS)
     assert marked is not None
@@ -62,13 +64,13 @@ def _regions(m: nn.Module, x: torch.Tensor):
     opaque = [i for i, k in enumerate(marked.kernels) if getattr(k.params, "node", None)
               is not None and k.params.node.op == "Opaque"]
     inside = {i for s, e in ort_region.groups(marked) for i in range(s, e)}
-    return opaque, inside
+    return marked, opaque, inside
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_a_transformer_block_is_one_region_with_its_opaque_operators(approximate):
     torch.manual_seed(0)
-    opaque, inside = _regions(_Block(approximate=approximate), torch.randn(2, 5, 16))
+    _, opaque, inside = _regions(_Block(approximate=approximate), torch.randn(2, 5, 16))
     assert len(opaque) == 4  # two layer norms, the attention, the GELU
     assert set(opaque) <= inside
 
@@ -77,9 +79,8 @@ def test_a_masked_attention_stays_outside_the_region():
     torch.manual_seed(0)
     m = _Block(masked=True).eval()
     x = torch.randn(2, 5, 16)
-    opaque, inside = _regions(m, x)
-    marked = variant(_program(m, x), REGIONS)
-    assert marked is not None and len(opaque) == 4
+    marked, opaque, inside = _regions(m, x)
+    assert len(opaque) == 4
     outside = [marked.kernels[i].params.node.attrs["op_type"] for i in opaque
                if i not in inside]
     assert outside == ["scaled_dot_product_attention"]
@@ -127,7 +128,7 @@ class _Biased(nn.Module):
 
 def test_an_attention_with_a_float_mask_is_inside_the_region():
     torch.manual_seed(0)
-    opaque, inside = _regions(_Biased(), torch.randn(2, 5, 16))
+    _, opaque, inside = _regions(_Biased(), torch.randn(2, 5, 16))
     assert len(opaque) == 1 and set(opaque) <= inside
 
 
@@ -196,8 +197,8 @@ def test_a_boolean_mask_made_and_read_in_the_region_is_inside_it(compare, where)
     torch.manual_seed(0)
     m = _Masked(compare=compare, where=where).eval()
     x = torch.randn(2, 5, 16)
-    opaque, inside = _regions(m, x)
-    types = _opaque_types(variant(_program(m, x), REGIONS))
+    marked, opaque, inside = _regions(m, x)
+    types = _opaque_types(marked)
     made = "gt.Scalar" if compare else "to.dtype"
     assert {made, "bitwise_not", "masked_fill.Scalar"} <= set(types)
     assert ("where.ScalarOther" in types) == where
@@ -208,7 +209,7 @@ def test_a_boolean_mask_also_read_outside_keeps_its_operators_out_of_the_regions
     torch.manual_seed(0)
     m = _Masked(outside=True).eval()
     x = torch.randn(2, 5, 16)
-    _, inside = _regions(m, x)
-    types = _opaque_types(variant(_program(m, x), REGIONS))
+    marked, _, inside = _regions(m, x)
+    types = _opaque_types(marked)
     assert types["to.dtype"] not in inside and types["bitwise_not"] not in inside
     assert types["masked_fill.Scalar"] not in inside

@@ -212,12 +212,17 @@ def _pow(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
     return y
 
 
-@register("rsqrt.default", "reciprocal.default")
-def _reciprocals(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
-    if not is_float(node):
-        raise Fallback("non-float reciprocal")
-    e = -0.5 if "rsqrt" in str(node.target) else -1.0
-    return imp.b.power(imp.float_tensor(a["self"]), e, node.name)
+def _fixed_power(exponent: float) -> Handler:
+    def handler(imp: TorchImporter, node: fx.Node, a: dict[str, Any]) -> Result:
+        if not is_float(node):
+            raise Fallback("non-float reciprocal")
+        return imp.b.power(imp.float_tensor(a["self"]), exponent, node.name)
+
+    return handler
+
+
+HANDLERS["aten::rsqrt.default"] = _fixed_power(-0.5)
+HANDLERS["aten::reciprocal.default"] = _fixed_power(-1.0)
 
 
 @register("leaky_relu.default")

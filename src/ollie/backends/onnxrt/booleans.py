@@ -32,13 +32,15 @@ def _runs(flags: Sequence[bool]) -> list[int | None]:
     return out
 
 
-def confined(prog: Program, flags: list[bool]) -> list[bool]:
+def confined(prog: Program, flags: list[bool], found: frozenset[str] | None = None
+             ) -> list[bool]:
     """``flags`` with a non-floating-point result (:func:`booleans`) kept inside one run: a
     region binds float32 inputs and outputs only, so where such a tensor's producer or one of
     its readers is outside the run of the others (or it is a program output), none of them
-    is in a region (repeated until no flag changes)."""
+    is in a region (repeated until no flag changes). ``found``: :func:`booleans` of ``prog``
+    where the caller has it."""
     flags = list(flags)
-    found = booleans(prog)
+    found = booleans(prog) if found is None else found
     producer = {k.output: i for i, k in enumerate(prog.kernels)}
     readers = {t: [i for i, k in enumerate(prog.kernels) if t in k.inputs] for t in found}
     changed = True

@@ -99,9 +99,12 @@ def exportable(k: Kernel, constants: Mapping[str, object],
     act = p.activation
     if act and act not in _ACT:
         return False
+    if bools.intersection(k.inputs) and \
+            not (isinstance(p, NodeParams) and p.node.op == OPAQUE):
+        return False
     if isinstance(p, NodeParams):
         op = p.node.op
-        if len(p.node.outputs) != 1 or (op != OPAQUE and bools.intersection(k.inputs)):
+        if len(p.node.outputs) != 1:
             return False
         ins = list(k.inputs[:-1] if p.residual else k.inputs)
         if op in _CONVS:
@@ -117,8 +120,6 @@ def exportable(k: Kernel, constants: Mapping[str, object],
             return int(p.node.attrs.get("step", 1)) >= 1
         return op in _SIMPLE or op in _POOLS or op == "Gemm" or \
             (op in ("Flatten", "Softmax") and not act)
-    if bools.intersection(k.inputs):
-        return False
     if k.kind in (KernelKind.EOP, KernelKind.MATMUL, KernelKind.ALIAS):
         return _expressible(k, constants, shapes)
     if isinstance(p, ConvParams):
@@ -231,8 +232,9 @@ def spans(prog: Program) -> list[tuple[int, int]]:
     result is produced and read within one run or outside every run
     (:func:`ollie.backends.onnxrt.booleans.confined`)."""
     shapes = prog.tensor_shapes()
-    flags = confined(prog, [exportable(k, prog.constants, shapes, booleans(prog))
-                             for k in prog.kernels])
+    found = booleans(prog)
+    flags = confined(prog, [exportable(k, prog.constants, shapes, found)
+                            for k in prog.kernels], found)
     out, start = [], None
     for i, ok in enumerate([*flags, False]):
         if ok and start is None:
